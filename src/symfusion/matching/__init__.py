@@ -1,0 +1,11 @@
+"""Parameter matching: rotation (Procrustes), rescaling (quartic), permutation (Hungarian), baselines."""
+from symfusion.matching.compose import (
+    MATCHING_METHODS,
+    MatchConfig,
+    MatchResult,
+    match_many,
+    match_models,
+    matching_config,
+)
+
+__all__ = ["MATCHING_METHODS", "MatchConfig", "MatchResult", "match_many", "match_models", "matching_config"]

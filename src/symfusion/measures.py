@@ -1,0 +1,54 @@
+"""Measures between models: Euclidean distance (whole and per module type) and functional deviation."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Mapping
+
+import torch
+
+from symfusion.arch import ModelLayout
+
+
+@torch.no_grad()
+def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layout: ModelLayout | None = None) -> dict:
+    """Euclidean distance over all shared floating-point tensors, plus one entry per module type."""
+    squared: dict[str, float] = defaultdict(float)
+    for key, tensor in a.items():
+        if key not in b or not tensor.is_floating_point():
+            continue
+        part = (tensor.double() - b[key].double()).pow(2).sum().item()
+        squared["total"] += part
+        if layout is not None:
+            squared[layout.module_type(key)] += part
+    return {name: math.sqrt(value) for name, value in squared.items()}
+
+
+def probe_inputs(config, batch_size: int = 2, seq_len: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Deterministic random inputs for a model family: token ids (with padding) or pixels."""
+    gen = torch.Generator().manual_seed(seed)
+    if config.model_type == "vit":
+        shape = (batch_size, config.num_channels, config.image_size, config.image_size)
+        return {"pixel_values": torch.randn(shape, generator=gen)}
+    input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=gen)
+    attention_mask = torch.ones(batch_size, seq_len, dtype=torch.long)
+    attention_mask[-1, seq_len // 2:] = 0                      # one padded row exercises masking
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def model_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The model's main output on probe inputs: logits if it has a head, else hidden states."""
+    model.eval()
+    with torch.no_grad():
+        out = model(**inputs)
+    tensor = getattr(out, "logits", None)
+    if tensor is None:
+        tensor = out.last_hidden_state
+    if "attention_mask" in inputs and tensor.dim() == 3:       # padded positions are not outputs
+        tensor = tensor[inputs["attention_mask"].bool()]
+    return tensor
+
+
+def max_output_change(model_a: torch.nn.Module, model_b: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> float:
+    """max |f_a(x) - f_b(x)| over probe inputs x."""
+    return (model_outputs(model_a, inputs) - model_outputs(model_b, inputs)).abs().max().item()

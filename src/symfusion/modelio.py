@@ -1,0 +1,86 @@
+"""Loading and atomically saving model folders (save_pretrained + safetensors) and result JSON."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import transformers
+
+from symfusion.errors import SymfusionError
+
+# Files of a model folder that belong to the weights/config and are rewritten on save.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+
+
+def model_class(config):
+    """The transformers class a checkpoint was saved from (its config's architectures), else AutoModel."""
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel
+
+
+def load_config(path: str | Path):
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise SymfusionError(f"{path} is not a model folder (no config.json); pass a save_pretrained directory")
+    return transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A model from a local save_pretrained folder, in eval mode; never downloads."""
+    config = load_config(path)
+    cls = model_class(config)
+    try:
+        model = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, trust_remote_code=False)
+    except OSError as error:
+        raise SymfusionError(f"cannot load weights from {path}: {str(error).splitlines()[0]}") from error
+    return model.eval()
+
+
+@contextmanager
+def atomic_directory(output: str | Path):
+    """Yield a temp dir beside `output`; on success it replaces `output` in one rename."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        yield tmp
+        replace_directory(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_directory(new: Path, output: Path) -> None:
+    """Move `new` to `output`, replacing any old `output` (the old one is removed after the swap)."""
+    old = None
+    if output.exists():
+        old = output.parent / f".{output.name}.old-{os.getpid()}"
+        os.replace(output, old)
+    os.replace(new, output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_auxiliary_files(source: str | Path, target: str | Path) -> None:
+    """Copy tokenizer/preprocessor files (everything but weights and config) between model folders."""
+    for item in Path(source).iterdir():
+        if item.is_file() and item.name != "config.json" and not item.name.endswith(MODEL_FILE_SUFFIXES):
+            shutil.copy2(item, Path(target) / item.name)
+
+
+def write_json_atomic(data: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+    os.replace(tmp, path)

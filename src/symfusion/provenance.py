@@ -1,0 +1,49 @@
+"""Provenance fields every result JSON carries: git commit, package versions, machine."""
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("symfusion", "torch", "transformers", "safetensors", "numpy", "scipy", "pot", "hydra-core")
+
+
+def git_state(cwd: str | Path | None = None) -> dict:
+    cwd = cwd or Path(__file__).resolve().parent
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    if commit.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def package_versions() -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def machine() -> dict:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def provenance(config: dict | None = None, seed: int | None = None) -> dict:
+    return {"config": config, "seed": seed, "git": git_state(), "packages": package_versions(), "machine": machine()}
