@@ -13,6 +13,8 @@ import transformers
 
 from symfusion.errors import SymfusionError
 
+transformers.utils.logging.disable_progress_bar()  # stage logs stay readable
+
 # Files of a model folder that belong to the weights/config and are rewritten on save.
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
