@@ -132,3 +132,20 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
 def test_registry_names_match_the_issue():
     assert set(MATCHING_METHODS) == {"none", "rotation", "rotation_no_rescale", "attn_only",
                                      "ffn_only", "git_rebasin", "ot_ffn"}
+
+
+def test_polar_factor_matches_svd_and_handles_singular_heads():
+    from symfusion.matching.rotation import polar_factor, polar_factor_svd
+    gen = torch.Generator().manual_seed(0)
+    m = torch.randn(6, 8, 8, generator=gen, dtype=torch.float64)
+    m[1] = torch.outer(torch.randn(8, generator=gen, dtype=torch.float64), torch.randn(8, generator=gen, dtype=torch.float64))
+    m[2, :, 0] = 0.0                       # rank deficient
+    m[3] = torch.diag(torch.logspace(0, -7, 8, dtype=torch.float64))   # ill-conditioned
+    r = polar_factor(m)
+    eye = torch.eye(8, dtype=torch.float64)
+    assert torch.allclose(r.transpose(1, 2) @ r, eye.expand(6, 8, 8), atol=1e-9)
+    for h in (0, 3, 4, 5):                 # unique polar factor: equals the SVD's
+        assert torch.allclose(r[h], polar_factor_svd(m[h:h + 1])[0], atol=1e-8)
+    # optimal for <R, M>: no better than the SVD optimum, equal up to rounding
+    best = torch.linalg.svdvals(m).sum(dim=1)
+    assert torch.allclose((r * m).sum(dim=(1, 2)), best, atol=1e-8)

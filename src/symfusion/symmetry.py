@@ -138,7 +138,7 @@ def _apply_ffn(out: dict, ffn: FFNLayout, perm: torch.Tensor) -> None:
     out[ffn.input.weight] = out[ffn.input.weight][perm]
     if ffn.input.bias is not None:
         out[ffn.input.bias] = out[ffn.input.bias][perm]
-    out[ffn.output.weight] = out[ffn.output.weight][:, perm]
+    out[ffn.output.weight] = out[ffn.output.weight].index_select(1, perm)
 
 
 def apply_transform(

@@ -19,7 +19,6 @@ from symfusion.matching.permutation import match_ffn_permutation
 from symfusion.matching.rescale import best_scales, squared_norms
 from symfusion.matching.rotation import (
     frobenius_inner,
-    head_blocks,
     procrustes,
     qk_cross_parts,
     vo_cross_parts,
@@ -74,19 +73,20 @@ class MatchResult:
 def _source_norms_qk(source: Mapping, att: AttentionLayout, heads: int):
     """Per-head squared norms of the query-like side and the key-like side, (H,) each."""
     def side(projections):
-        parts = [head_blocks(source[p.weight], heads) for p in projections]
-        parts += [source[p.bias].reshape(heads, -1).double() for p in projections if p.bias is not None]
+        parts = [source[p.weight].reshape(heads, -1) for p in projections]
+        parts += [source[p.bias].reshape(heads, -1) for p in projections if p.bias is not None]
         return squared_norms(parts)
     return side(att.query_like), side(att.key_like)
 
 
 def _source_norms_vo(source: Mapping, att: AttentionLayout, heads: int):
     """Per-head squared norms of the value side (weight + bias) and the output columns, (H,) each."""
-    value = [head_blocks(source[att.value.weight], heads)]
+    value = [source[att.value.weight].reshape(heads, -1)]
     if att.value.bias is not None:
-        value.append(source[att.value.bias].reshape(heads, -1).double())
-    output = source[att.output.weight].reshape(-1, heads, source[att.output.weight].shape[1] // heads)
-    return squared_norms(value), output.double().pow(2).sum(dim=(0, 2))
+        value.append(source[att.value.bias].reshape(heads, -1))
+    output = source[att.output.weight]
+    output = output.reshape(output.shape[0], heads, -1).transpose(0, 1)   # (H, n, d)
+    return squared_norms(value), squared_norms([output])
 
 
 def match_attention_rotation(source, anchor, att, heads, rescale, clock) -> LayerTransform:

@@ -53,5 +53,9 @@ def best_scales(A, B, D, E) -> torch.Tensor:
 
 
 def squared_norms(tensors_by_head: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of per-head squared norms over a list of (H, ...) tensors -> (H,)."""
-    return sum(t.reshape(t.shape[0], -1).pow(2).sum(dim=1) for t in tensors_by_head)
+    """Sum of per-head squared norms over a list of (H, ...) tensors -> (H,) float64."""
+    def per_head(t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(t.shape[0], -1)
+        flat = flat.to(torch.promote_types(flat.dtype, torch.float32))
+        return torch.linalg.vector_norm(flat, dim=1).to(torch.float64).pow(2)
+    return sum(per_head(t) for t in tensors_by_head)
