@@ -1,0 +1,14 @@
+# Data: check the task's source and record its fixed, seeded splits (sizes, checksums).
+
+
+rule data:
+    output:
+        f"{RESULTS}/data/{{task}}.json",
+    log:
+        f"{LOGS}/data/{{task}}.log",
+    benchmark:
+        f"{BENCH}/data/{{task}}.tsv"
+    conda:
+        ENV
+    shell:
+        "symfusion-data task={wildcards.task} output={output} > {log} 2>&1"

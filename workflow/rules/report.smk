@@ -1,0 +1,75 @@
+# Report: tables and figures from the stage results (symfusion-report), beside the paper's numbers.
+# Each artefact gets its input files explicitly; every result JSON names its own run.
+
+
+rule table2:
+    input:
+        vision_evals(TABLE2_MATCHINGS)
+        + [f"{RESULTS}/eval/{VISION_TASK}/end_models/{m}.json" for m in (ANCHOR_ID, SOURCE_ID)],
+    output:
+        csv=f"{RESULTS}/table2.csv",
+        md=f"{RESULTS}/table2.md",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/table2.log",
+    benchmark:
+        f"{BENCH}/report/table2.tsv"
+    conda:
+        ENV
+    shell:
+        "symfusion-report artefact=table2 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+
+
+rule fig3_ablation:
+    input:
+        vision_evals(FIG3_MATCHINGS),
+    output:
+        png=f"{FIGURES}/fig3_ablation.png",
+        csv=f"{FIGURES}/fig3_ablation.csv",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/fig3.log",
+    benchmark:
+        f"{BENCH}/report/fig3.tsv"
+    conda:
+        ENV
+    shell:
+        "symfusion-report artefact=fig3 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+
+
+rule fig4_distance:
+    input:
+        [f"{RESULTS}/matched/{VISION_TASK}/{VISION_PAIR}/{m}" for m in FIG4_MATCHINGS],
+    output:
+        png=f"{FIGURES}/fig4_distance.png",
+        csv=f"{FIGURES}/fig4_distance.csv",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/fig4.log",
+    benchmark:
+        f"{BENCH}/report/fig4.tsv"
+    conda:
+        ENV
+    shell:
+        "symfusion-report artefact=fig4 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+
+
+rule fig5_barrier:
+    input:
+        [f"{RESULTS}/barrier/{VISION_TASK}/{VISION_PAIR}/{m}.json" for m in FIG5_MATCHINGS],
+    output:
+        png=f"{FIGURES}/fig5_barrier.png",
+        csv=f"{FIGURES}/fig5_barrier.csv",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/fig5.log",
+    benchmark:
+        f"{BENCH}/report/fig5.tsv"
+    conda:
+        ENV
+    shell:
+        "symfusion-report artefact=fig5 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
