@@ -1,0 +1,91 @@
+"""Training from scratch: learns a separable task, is seeded, and resumes after an interruption exactly."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import symfusion.train as train_module
+from symfusion.data.images import ImageDataset
+from symfusion.errors import SymfusionError
+from symfusion.train import train_image_classifier, warmup_cosine
+
+MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+
+
+def toy_splits(n=96):
+    """Two classes told apart by the sign of the image mean: learnable in a few steps."""
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(n) % 2
+    pixels = torch.randn(n, 1, 8, 8, generator=gen) * 0.5 + (labels.float() * 2 - 1)[:, None, None, None]
+    data = ImageDataset(pixels, labels)
+    return {"train": data, "validation": ImageDataset(pixels[:32], labels[:32])}
+
+
+def train(tmp_path, name, epochs=3, seed=0):
+    return train_image_classifier(str(tmp_path / name), toy_splits(), MODEL, seed=seed, epochs=epochs,
+                                  batch_size=16, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1)
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    factors = [warmup_cosine(s, 100, 0.1) for s in range(101)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:])) and factors[100] == pytest.approx(0.0)
+
+
+def test_training_learns_and_writes_a_model_folder(tmp_path):
+    report = train(tmp_path, "model")
+    assert report["validation_accuracy"] > 0.9
+    assert (tmp_path / "model" / "config.json").is_file()
+    assert json.loads((tmp_path / "model" / "train.json").read_text())["best_epoch"] == report["best_epoch"]
+    assert not (tmp_path / ".model.checkpoint").exists()        # removed after success
+
+
+def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
+    train(tmp_path, "a", epochs=1), train(tmp_path, "b", epochs=1), train(tmp_path, "c", epochs=1, seed=1)
+    a, b, c = weights(tmp_path / "a"), weights(tmp_path / "b"), weights(tmp_path / "c")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_interrupted_run_resumes_from_its_checkpoint_to_identical_weights(tmp_path, monkeypatch):
+    uninterrupted = train(tmp_path, "full")
+    real_evaluate, calls = train_module.evaluate_image_classifier, []
+
+    def interrupt_in_second_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate_image_classifier", interrupt_in_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path, "resumed")
+    assert not (tmp_path / "resumed").exists() and (tmp_path / ".resumed.checkpoint").is_dir()
+    monkeypatch.setattr(train_module, "evaluate_image_classifier", real_evaluate)
+    report = train(tmp_path, "resumed")
+    assert report["resumed_after_epoch"] == 1
+    assert report["history"] == uninterrupted["history"]
+    full, resumed = weights(tmp_path / "full"), weights(tmp_path / "resumed")
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+def test_a_checkpoint_of_another_configuration_is_ignored(tmp_path, monkeypatch):
+    real_evaluate = train_module.evaluate_image_classifier
+    monkeypatch.setattr(train_module, "evaluate_image_classifier",
+                        lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path, "model", seed=5)
+    monkeypatch.setattr(train_module, "evaluate_image_classifier", real_evaluate)
+    assert train(tmp_path, "model", seed=0)["resumed_after_epoch"] is None
+
+
+def test_bad_model_configs_are_refused(tmp_path):
+    with pytest.raises(SymfusionError, match="lacks"):
+        train_image_classifier(str(tmp_path / "m"), toy_splits(), {"patch_size": 4}, 0, 1, 16, 1e-3, 0.0, 0.1)
+    with pytest.raises(SymfusionError, match="divisible by patch_size"):
+        train_image_classifier(str(tmp_path / "m"), toy_splits(), dict(MODEL, patch_size=3), 0, 1, 16, 1e-3, 0.0, 0.1)
