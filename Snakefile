@@ -18,7 +18,7 @@ RESULTS = f"{config['results_dir']}/{PROFILE}"
 FIGURES = f"{config['figures_dir']}/{PROFILE}"
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
-ENV = "environment.yml"
+ENV = "../../environment.yml"  # conda: paths are relative to the rule files in workflow/rules/
 
 if SETTINGS.get("hub_offline", True):
     shell.prefix("export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; ")

@@ -163,7 +163,7 @@ def check_compatible(source_config, anchor_config, source_name: str = "source", 
         if a != b:
             raise SymfusionError(
                 f"{source_name} and {anchor_name} have different {field} ({a!r} vs {b!r}); "
-                "matching needs two models of the same architecture"
+                "matching and merging need models of the same architecture"
             )
 
 

@@ -1,9 +1,13 @@
 """Loss barriers: loss and accuracy along the linear path theta(alpha) = alpha*A + (1-alpha)*B."""
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
+
+from symfusion.errors import SymfusionError
 
 
 def alpha_grid(points: int = 11) -> list[float]:
@@ -40,3 +44,27 @@ def loss_path(
         rows.append({"alpha": alpha, **evaluate(model.eval())})
     losses = [row["loss"] for row in rows]
     return {"path": rows, "barrier": barrier_height(alphas, losses)}
+
+
+def run_barrier(anchor: str, source: str, task, output: str, points: int = 11, split: str = "test",
+                resolved_config: dict | None = None) -> dict:
+    """The barrier stage: loss path between an anchor folder and a (matched) source folder, as JSON."""
+    from symfusion.merge import load_models, matching_of
+    from symfusion.modelio import write_json_atomic
+    from symfusion.provenance import provenance
+    from symfusion.tasks import evaluate_split
+
+    if not output:
+        raise SymfusionError("output=FILE.json is required")
+    anchor_model, source_model = load_models([anchor, source])
+    anchor_state = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
+    source_state = {k: v.detach().clone() for k, v in source_model.state_dict().items()}
+    start = time.perf_counter()
+    result = loss_path(source_model, anchor_state, source_state, lambda m: evaluate_split(m, task, split), points)
+    report = {
+        "anchor": anchor, "source": source, "matching": matching_of(Path(source)), "task": task.name,
+        "split": split, **result, "seconds": time.perf_counter() - start,
+        "provenance": provenance(resolved_config),
+    }
+    write_json_atomic(report, output)
+    return report

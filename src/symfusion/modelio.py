@@ -15,8 +15,9 @@ from symfusion.errors import SymfusionError
 
 transformers.utils.logging.disable_progress_bar()  # stage logs stay readable
 
-# Files of a model folder that belong to the weights/config and are rewritten on save.
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+# Files a model folder carries beside weights and config (tokenizers, image processors).
+AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                      "preprocessor_config.json", "*.model", "sentencepiece*")
 
 
 def model_class(config):
@@ -72,10 +73,11 @@ def replace_directory(new: Path, output: Path) -> None:
 
 
 def copy_auxiliary_files(source: str | Path, target: str | Path) -> None:
-    """Copy tokenizer/preprocessor files (everything but weights and config) between model folders."""
-    for item in Path(source).iterdir():
-        if item.is_file() and item.name != "config.json" and not item.name.endswith(MODEL_FILE_SUFFIXES):
-            shutil.copy2(item, Path(target) / item.name)
+    """Copy tokenizer / image-processor files between model folders (not weights, configs or results)."""
+    for pattern in AUXILIARY_PATTERNS:
+        for item in Path(source).glob(pattern):
+            if item.is_file():
+                shutil.copy2(item, Path(target) / item.name)
 
 
 def write_json_atomic(data: dict, path: str | Path) -> None:

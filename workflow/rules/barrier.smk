@@ -17,5 +17,5 @@ rule barrier:
     conda:
         ENV
     shell:
-        "symfusion-barrier task={wildcards.task} anchor={input.anchor} source={input.source} "
+        "OMP_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} anchor={input.anchor} source={input.source} "
         "points={params.points} output={output} > {log} 2>&1"

@@ -11,4 +11,4 @@ rule data:
     conda:
         ENV
     shell:
-        "symfusion-data task={wildcards.task} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-data task={wildcards.task} output={output} > {log} 2>&1"

@@ -14,7 +14,7 @@ rule evaluate_merged:
     conda:
         ENV
     shell:
-        "symfusion-evaluate task={wildcards.task} model={input} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.task} model_dir={input} output={output} > {log} 2>&1"
 
 
 rule evaluate_end_model:
@@ -30,4 +30,4 @@ rule evaluate_end_model:
     conda:
         ENV
     shell:
-        "symfusion-evaluate task={wildcards.task} model={input} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.task} model_dir={input} output={output} > {log} 2>&1"

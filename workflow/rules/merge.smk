@@ -17,5 +17,5 @@ rule merge:
     conda:
         ENV
     shell:
-        "symfusion-merge task={wildcards.task} fusion={wildcards.method} "
+        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.task} fusion={wildcards.method} "
         "'models=[{input.anchor},{input.source}]' output={output} > {log} 2>&1"

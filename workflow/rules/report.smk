@@ -18,7 +18,7 @@ rule table2:
     conda:
         ENV
     shell:
-        "symfusion-report artefact=table2 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=table2 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
 
 
 rule fig3_ablation:
@@ -36,7 +36,7 @@ rule fig3_ablation:
     conda:
         ENV
     shell:
-        "symfusion-report artefact=fig3 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig3 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
 
 
 rule fig4_distance:
@@ -54,7 +54,7 @@ rule fig4_distance:
     conda:
         ENV
     shell:
-        "symfusion-report artefact=fig4 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig4 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
 
 
 rule fig5_barrier:
@@ -72,4 +72,4 @@ rule fig5_barrier:
     conda:
         ENV
     shell:
-        "symfusion-report artefact=fig5 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig5 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"

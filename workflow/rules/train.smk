@@ -12,11 +12,11 @@ rule train:
         f"{LOGS}/train/{{task}}/seed{{seed}}.log",
     benchmark:
         f"{BENCH}/train/{{task}}/seed{{seed}}.tsv"
-    threads: 2
+    threads: VISION["train_threads"]
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "symfusion-train task={wildcards.task} model={params.model} seed={wildcards.seed} "
+        "OMP_NUM_THREADS={threads} symfusion-train task={wildcards.task} model={params.model} seed={wildcards.seed} "
         "output={output} threads={threads} > {log} 2>&1"

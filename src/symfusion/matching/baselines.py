@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
-import ot
 import torch
 
 from symfusion.arch import AttentionLayout, FFNLayout
@@ -46,6 +45,8 @@ def incoming_weights(state: Mapping, ffn: FFNLayout) -> np.ndarray:
 
 def match_ffn_ot(source: Mapping, anchor: Mapping, ffn: FFNLayout) -> torch.Tensor:
     """The FFN permutation from an exact OT plan between anchor and source neurons."""
+    import ot  # POT imports scikit-learn: only pay for it when this baseline runs
+
     anchor_rows, source_rows = incoming_weights(anchor, ffn), incoming_weights(source, ffn)
     cost = ot.dist(anchor_rows, source_rows, metric="sqeuclidean")      # (ffn_anchor, ffn_source)
     n = cost.shape[0]

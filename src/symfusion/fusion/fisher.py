@@ -1,0 +1,127 @@
+"""Fisher merging (Matena & Raffel 2022): parameters averaged with diagonal-Fisher weights."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from symfusion.errors import SymfusionError
+from symfusion.fusion.simple import average_states
+
+
+def split_batch(batch: dict, device) -> tuple[dict, dict, int]:
+    """(per-example tensors with a leading batch dim, other inputs, batch size); tensors moved to `device`."""
+    if "labels" not in batch:
+        raise SymfusionError("Fisher merging needs 'labels' in every batch (the loss is differentiated)")
+    size = batch["labels"].shape[0]
+    examples, static = {}, {}
+    for key, value in batch.items():
+        if torch.is_tensor(value):
+            value = value.to(device)
+            if value.dim() >= 1 and value.shape[0] == size:
+                examples[key] = value
+                continue
+        static[key] = value
+    return examples, static, size
+
+
+def _squared_grads_vmap(model, params, buffers, examples, static) -> dict:
+    """Sum over examples of the squared per-example gradient, with vmap(grad) over the batch dim."""
+    def example_loss(p, example):
+        inputs = {k: v.unsqueeze(0) for k, v in example.items()}  # one example: (1, ...)
+        return functional_call(model, (p, buffers), args=(), kwargs={**inputs, **static}).loss
+
+    grads = vmap(grad(example_loss), in_dims=(None, 0))(params, examples)  # name -> (B, *param.shape)
+    return {n: _defined(g).pow(2).sum(0) for n, g in grads.items()}
+
+
+def _squared_grads_loop(model, params, examples, static) -> dict:
+    """The same sum, one backward pass per example (for models vmap cannot transform)."""
+    for p in params.values():
+        p.requires_grad_(True)
+    sums = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    for i in range(len(examples["labels"])):
+        loss = model(**{k: v[i:i + 1] for k, v in examples.items()}, **static).loss
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        for name, g in zip(params, grads):
+            if g is not None:
+                sums[name] += _defined(g).pow(2)
+    return sums
+
+
+def _defined(g: torch.Tensor) -> torch.Tensor:
+    """float32 gradient with NaN (an example without any labelled token) set to 0."""
+    return torch.where(g.isnan(), 0.0, g.float())
+
+
+def diagonal_fisher(model: nn.Module, batches: list[dict], chunk_size: int = 8, vectorize: bool = True) -> dict:
+    """F = mean over examples of (d loss_example / d theta)^2, per parameter name (float32, param shape).
+
+    Per-example gradients come from torch.func (vmap over chunks of `chunk_size` examples) or, if
+    vmap fails for this model or `vectorize` is False, from a loop over examples. The model runs in
+    eval mode (no dropout); its train flags and requires_grad are restored afterwards. Examples whose
+    loss has no labelled token contribute zero. Tied parameters are listed under every name.
+    """
+    if not batches:
+        raise SymfusionError("Fisher merging needs data batches (set fusion.num_batches > 0)")
+    training = {m: m.training for m in model.modules()}
+    requires = {p: p.requires_grad for p in model.parameters()}
+    named = {n: p for n, p in model.named_parameters() if p.is_floating_point()}
+    detached = {n: p.detach() for n, p in named.items()}
+    buffers = dict(model.named_buffers())
+    device = next(model.parameters()).device
+    sums = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in named.items()}
+    count = 0
+    model.eval()
+    try:
+        for batch in batches:
+            examples, static, size = split_batch(batch, device)
+            for start in range(0, size, chunk_size):
+                chunk = {k: v[start:start + chunk_size] for k, v in examples.items()}  # (<= chunk_size, ...)
+                squared = None
+                if vectorize:
+                    try:
+                        squared = _squared_grads_vmap(model, detached, buffers, chunk, static)
+                    except Exception:  # noqa: BLE001 - vmap cannot transform this model: loop from now on
+                        vectorize = False
+                if squared is None:
+                    squared = _squared_grads_loop(model, named, chunk, static)
+                for name in sums:
+                    sums[name] += squared[name]
+            count += size
+    finally:
+        for module, flag in training.items():
+            module.training = flag
+        for p, flag in requires.items():
+            p.requires_grad_(flag)
+    fisher = {n: s / count for n, s in sums.items()}
+    for name, p in model.named_parameters(remove_duplicate=False):  # aliases of tied parameters
+        if name not in fisher and p.is_floating_point():
+            fisher[name] = fisher[next(n for n, q in named.items() if q is p)]
+    return fisher
+
+
+@torch.no_grad()
+def _weighted(fishers: list[dict], states: list[dict], name: str, epsilon: float) -> torch.Tensor:
+    """sum_i (F_i + eps) theta_i / sum_i (F_i + eps): the plain average where all F_i are equal (or zero)."""
+    weights = [f[name].double() + epsilon for f in fishers]
+    total = sum(w * s[name].double() for w, s in zip(weights, states))
+    return (total / sum(weights)).to(states[0][name].dtype)
+
+
+def merge(models: list, batches: list[dict] | None, epsilon: float = 1e-8, chunk_size: int = 8, **options) -> dict:
+    """Fisher-weighted average of every parameter (plain average where no model has a gradient);
+    buffers and non-float tensors from the anchor."""
+    if not batches:
+        raise SymfusionError("fusion method 'fisher' needs data batches (set fusion.num_batches > 0)")
+    if epsilon <= 0:
+        raise SymfusionError(f"fisher epsilon must be > 0 (it keeps unused parameters averaged), got {epsilon}")
+    states = [m.state_dict() for m in models]
+    fishers = [diagonal_fisher(m, batches, chunk_size=chunk_size) for m in models]
+    merged = average_states(states)  # kept for parameters without any gradient (all F_i = 0)
+    for key, tensor in states[0].items():
+        if key not in fishers[0]:
+            merged[key] = tensor.clone()  # a buffer
+        elif any(f[key].any() for f in fishers):
+            merged[key] = _weighted(fishers, states, key, epsilon)
+    return merged

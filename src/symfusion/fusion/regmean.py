@@ -1,0 +1,82 @@
+"""RegMean (Jin et al. 2023): linear layers merged in closed form from their input Gram matrices."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from symfusion.errors import SymfusionError
+from symfusion.fusion.simple import average_states
+
+
+def _rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The input rows (n, d) of a linear layer: non-padded tokens only when x is (B, T, d) along the mask."""
+    if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape:
+        return x[mask.bool()]  # (B, T, d) -> (tokens kept, d)
+    return x.reshape(-1, x.shape[-1])  # (..., d) -> (n, d)
+
+
+@torch.no_grad()
+def gram_matrices(model: nn.Module, batches: list[dict]) -> dict:
+    """G = X^T X / n (float64, (in, in)) of the inputs of every nn.Linear reached, by module name."""
+    if not batches:
+        raise SymfusionError("RegMean needs data batches (set fusion.num_batches > 0)")
+    sums, counts, state = {}, {}, {"mask": None}
+
+    def hook(name):
+        def record(module, args, kwargs):
+            rows = _rows(args[0] if args else kwargs["input"], state["mask"]).double()
+            sums[name] = sums.get(name, 0) + rows.T @ rows  # (d, n) @ (n, d) -> (d, d)
+            counts[name] = counts.get(name, 0) + rows.shape[0]
+        return record
+
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in linears]
+    training = {m: m.training for m in model.modules()}
+    device = next(model.parameters()).device
+    model.eval()
+    try:
+        for batch in batches:
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            state["mask"] = batch.get("attention_mask")
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+    return {n: sums[n] / counts[n] for n in sums if counts[n] > 0}
+
+
+def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """gram^-1 rhs (float64). A singular gram (dead input features, or fewer tokens than features at
+    alpha=1) gets a tiny ridge pulling towards `fallback`, so undetermined entries stay averaged."""
+    if gram.diagonal().max() == 0:  # all inputs zero: any weight gives the same output
+        return fallback
+    factor, info = torch.linalg.cholesky_ex(gram)
+    pivots = factor.diagonal() ** 2  # each Cholesky pivot >= the smallest eigenvalue
+    if info or not pivots.min() > 1e-12 * pivots.max():
+        ridge = 1e-8 * gram.diagonal().mean()
+        gram = gram + ridge * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
+        rhs = rhs + ridge * fallback
+    return torch.linalg.solve(gram, rhs)
+
+
+def merge(models: list, batches: list[dict] | None, alpha: float = 0.9, **options) -> dict:
+    """W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T for every linear layer, G' = alpha G + (1-alpha) diag(G);
+    everything else (biases, LayerNorms, embeddings, linear layers no batch reaches) simply averaged."""
+    if not batches:
+        raise SymfusionError("fusion method 'regmean' needs data batches (set fusion.num_batches > 0)")
+    if not 0.0 <= alpha <= 1.0:
+        raise SymfusionError(f"regmean alpha must be in [0, 1] (scale of off-diagonal Gram entries), got {alpha}")
+    states = [m.state_dict() for m in models]
+    grams = [gram_matrices(m, batches) for m in models]
+    merged = average_states(states)
+    for name in grams[0]:
+        key = f"{name}.weight"
+        if key not in merged or any(name not in g for g in grams):
+            continue  # not a state-dict weight, or not reached in every model: averaged
+        scaled = [alpha * g[name] + (1 - alpha) * torch.diag(g[name].diagonal()) for g in grams]  # (in, in)
+        rhs = sum(g @ s[key].double().T.to(g.device) for g, s in zip(scaled, states))  # (in, out)
+        solution = _solve(sum(scaled), rhs, merged[key].double().T.to(rhs.device))  # W^T: (in, out)
+        merged[key] = solution.T.to(device=states[0][key].device, dtype=states[0][key].dtype)
+    return merged

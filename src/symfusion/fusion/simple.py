@@ -1,0 +1,23 @@
+"""Simple fusion: the plain average of every floating-point parameter (Wortsman et al. 2022)."""
+from __future__ import annotations
+
+import torch
+
+
+def average_states(states: list[dict], weights: list[float] | None = None) -> dict:
+    """Weighted average of floating tensors; integer buffers are taken from the first state."""
+    weights = weights or [1.0 / len(states)] * len(states)
+    merged = {}
+    for key, tensor in states[0].items():
+        if not tensor.is_floating_point():
+            merged[key] = tensor.clone()
+            continue
+        total = sum(w * s[key].double() for w, s in zip(weights, states))
+        merged[key] = total.to(tensor.dtype)
+    return merged
+
+
+@torch.no_grad()
+def merge(models: list, batches=None, **options) -> dict:
+    """theta = mean_i theta_i over all parameters and floating buffers."""
+    return average_states([m.state_dict() for m in models])

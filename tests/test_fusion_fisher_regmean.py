@@ -1,0 +1,217 @@
+"""Fisher merging and RegMean: closed-form cases, per-example Fisher, padding, tiny models of two families."""
+import pytest
+import torch
+import transformers as tf
+from torch import nn
+
+from symfusion.errors import SymfusionError
+from symfusion.fusion import fisher, regmean, simple
+from tiny_models import randomize, tiny_config, tiny_model
+
+# vmap over CPU scaled_dot_product_attention warns that it falls back to a loop: expected here
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+
+class MixedLinear(nn.Module):
+    """One nn.Linear on inputs x @ mix; the fixed (non-Linear) `mix` gives each model its own inputs."""
+
+    def __init__(self, weight: torch.Tensor, mix: torch.Tensor):
+        super().__init__()
+        self.fc = nn.Linear(weight.shape[1], weight.shape[0])
+        self.fc.weight.data.copy_(weight)
+        self.register_buffer("mix", mix)
+
+    def forward(self, x, labels=None):
+        return self.fc(x @ self.mix)
+
+
+def image_batches(n=1, size=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [{"pixel_values": torch.randn(size, 3, 8, 8, generator=gen),
+             "labels": torch.randint(0, 3, (size,), generator=gen)} for _ in range(n)]
+
+
+def text_batch(size=4, length=7, seed=0):
+    """Token batch whose later rows are padded (attention_mask 0 at their ends)."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.ones(size, length, dtype=torch.long)
+    for row in range(1, size):
+        mask[row, length - row:] = 0
+    return {"input_ids": torch.randint(5, 97, (size, length), generator=gen), "attention_mask": mask,
+            "labels": torch.randint(0, 3, (size,), generator=gen)}
+
+
+def linear_models(mixes, d_in=5, d_out=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [MixedLinear(torch.randn(d_out, d_in, generator=gen), mix) for mix in mixes]
+
+
+# ---------------------------------------------------------------- RegMean
+
+
+def test_regmean_alpha1_on_one_linear_is_the_least_squares_solution_and_not_the_average():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 5, generator=gen)
+    mixes = [torch.randn(5, 5, generator=gen) for _ in range(3)]  # correlated, different inputs per model
+    models = linear_models(mixes)
+    merged = regmean.merge(models, [{"x": x, "labels": torch.zeros(64)}], alpha=1.0)["fc.weight"]
+
+    inputs = torch.cat([(x @ m).double() for m in mixes])                                   # (k n, in)
+    targets = torch.cat([(x @ m).double() @ mdl.fc.weight.double().T for m, mdl in zip(mixes, models)])
+    expected = torch.linalg.lstsq(inputs, targets).solution.T                                # (out, in)
+    assert torch.allclose(merged.double(), expected, atol=1e-5)
+    assert not torch.allclose(merged, simple.merge(models)["fc.weight"], atol=1e-2)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5, 0.0])
+def test_regmean_is_the_average_when_every_gram_is_the_same_scaled_identity(alpha):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.linalg.qr(torch.randn(64, 5, generator=gen)).Q * 3.0                  # X^T X = 9 I
+    mixes = [torch.linalg.qr(torch.randn(5, 5, generator=gen)).Q for _ in range(3)]  # orthogonal: G_i = 9 I
+    models = linear_models(mixes)
+    grams = [regmean.gram_matrices(m, [{"x": x}])["fc"] for m in models]
+    assert all(torch.allclose(g, torch.eye(5, dtype=g.dtype) * 9 / 64, atol=1e-6) for g in grams)
+    merged = regmean.merge(models, [{"x": x}], alpha=alpha)
+    assert torch.allclose(merged["fc.weight"], simple.merge(models)["fc.weight"], atol=1e-5)
+
+
+def test_regmean_alpha0_only_reads_the_diagonal():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 5, generator=gen)
+    x = x / x.norm(dim=0)                                   # unit columns: diag(G) = I / n, G not diagonal
+    signs = torch.diag(torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0]))
+    models = linear_models([torch.eye(5), signs])         # same diag(G_i), different off-diagonals
+    average = simple.merge(models)["fc.weight"]
+    assert torch.allclose(regmean.merge(models, [{"x": x}], alpha=0.0)["fc.weight"], average, atol=1e-6)
+    assert not torch.allclose(regmean.merge(models, [{"x": x}], alpha=1.0)["fc.weight"], average, atol=1e-2)
+
+
+def test_regmean_with_a_singular_gram_stays_finite_and_averaged():
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(4))  # 3 rows < 5 features: rank-3 Gram
+    models = linear_models([torch.eye(5)] * 2)
+    merged = regmean.merge(models, [{"x": x}], alpha=1.0)["fc.weight"]
+    assert torch.isfinite(merged).all()
+    assert torch.allclose(merged, simple.merge(models)["fc.weight"], atol=1e-5)
+
+
+def test_gram_of_text_models_excludes_padded_tokens():
+    model = tiny_model("bert", seed=1)
+    batch = text_batch()
+    grams = regmean.gram_matrices(model, [batch])
+
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        embedded = model(**batch, output_hidden_states=True).hidden_states[0].double()  # (B, T, d)
+    rows = embedded[mask]                                                                # (tokens kept, d)
+    expected = rows.T @ rows / len(rows)
+    assert torch.allclose(grams["bert.encoder.layer.0.attention.self.query"], expected, atol=1e-8)
+    everything = embedded.reshape(-1, embedded.shape[-1])
+    assert not torch.allclose(expected, everything.T @ everything / len(everything), atol=1e-3)
+
+    changed = dict(batch, input_ids=torch.where(mask, batch["input_ids"], 1))  # other ids at padded positions
+    grams_changed = regmean.gram_matrices(model, [changed])
+    assert grams.keys() == grams_changed.keys()
+    assert all(torch.allclose(grams[n], grams_changed[n], atol=1e-8) for n in grams)
+    assert grams["classifier"].shape == (32, 32)  # the head on the pooled vector counts too
+
+
+# ---------------------------------------------------------------- Fisher
+
+
+def test_fisher_is_the_average_when_fisher_values_are_equal(monkeypatch):
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    gen = torch.Generator().manual_seed(0)
+    values = {n: torch.rand(p.shape, generator=gen) for n, p in models[0].named_parameters()}
+    monkeypatch.setattr(fisher, "diagonal_fisher", lambda model, batches, **kw: values)
+    merged, average = fisher.merge(models, image_batches()), simple.merge(models)
+    assert all(torch.allclose(merged[k], average[k], rtol=0, atol=1e-6) for k in average)
+
+
+def test_fisher_differs_from_the_average_and_lies_between_the_models():
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    merged, average = fisher.merge(models, image_batches()), simple.merge(models)
+    a, b = models[0].state_dict(), models[1].state_dict()
+    for key in merged:
+        low, high = torch.minimum(a[key], b[key]), torch.maximum(a[key], b[key])
+        assert (merged[key] >= low - 1e-6).all() and (merged[key] <= high + 1e-6).all(), key
+    assert not torch.allclose(merged["classifier.weight"], average["classifier.weight"], atol=1e-3)
+    # the key bias cancels in the softmax: no gradient (only ~1e-15 rounding noise << epsilon), so averaged
+    key_bias = "vit.layers.0.attention.k_proj.bias"
+    assert torch.allclose(merged[key_bias], average[key_bias], rtol=0, atol=1e-6)
+
+
+def test_fisher_is_per_example_and_matches_a_manual_loop():
+    model = tiny_model("vit", seed=1)
+    batch = image_batches(size=5)[0]
+    result = fisher.diagonal_fisher(model, [batch], chunk_size=2)  # vmap over chunks of 2, 2, 1
+    params = dict(model.named_parameters())
+    manual = {n: torch.zeros_like(p) for n, p in params.items()}
+    for i in range(5):
+        loss = model(pixel_values=batch["pixel_values"][i:i + 1], labels=batch["labels"][i:i + 1]).loss
+        for (name, p), g in zip(params.items(), torch.autograd.grad(loss, list(params.values()))):
+            manual[name] += g.pow(2) / 5
+    assert all(torch.allclose(result[n], manual[n], atol=1e-6, rtol=1e-4) for n in manual)
+    model.zero_grad()
+    model(**batch).loss.backward()
+    squared_mean = {n: p.grad.pow(2) for n, p in params.items()}
+    assert not torch.allclose(result["classifier.weight"], squared_mean["classifier.weight"], rtol=0.1)
+
+
+def test_fisher_of_a_text_model_runs_in_eval_mode_and_restores_its_state():
+    model = tiny_model("bert", seed=1).train()       # dropout 0.1 in training mode
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    batch = text_batch(size=3)
+    first, second = fisher.diagonal_fisher(model, [batch]), fisher.diagonal_fisher(model, [batch])
+    assert all(torch.equal(first[n], second[n]) for n in first)   # no dropout noise
+    assert all(m.training for m in model.modules())
+    assert not model.bert.embeddings.word_embeddings.weight.requires_grad
+    assert model.classifier.weight.requires_grad
+    assert first["bert.embeddings.word_embeddings.weight"].abs().sum() > 0  # frozen still gets a Fisher
+
+
+def test_fisher_of_token_classification_skips_examples_without_labelled_tokens():
+    config = tiny_config("bert")
+    config.num_labels = 3
+    models = [randomize(tf.BertForTokenClassification(config), seed) for seed in (1, 2)]
+    batch = text_batch()
+    labels = torch.randint(0, 3, batch["input_ids"].shape, generator=torch.Generator().manual_seed(0))
+    labels[batch["attention_mask"] == 0] = -100
+    labels[2] = -100                                   # (B, T) labels; example 2 has no labelled token
+    batch["labels"] = labels
+    values = fisher.diagonal_fisher(models[0], [batch])
+    assert all(torch.isfinite(v).all() for v in values.values())
+    merged = fisher.merge(models, [batch])
+    assert all(torch.isfinite(v).all() for v in merged.values() if v.is_floating_point())
+
+
+# ---------------------------------------------------------------- both methods
+
+
+@pytest.mark.parametrize("method", ["fisher", "regmean"])
+@pytest.mark.parametrize("family", ["vit", "bert"])
+def test_three_models_give_the_anchor_layout(method, family):
+    models = [tiny_model(family, seed=s) for s in (1, 2, 3)]
+    batches = image_batches(n=2, size=3) if family == "vit" else [text_batch(seed=0), text_batch(seed=1)]
+    merged = {"fisher": fisher.merge, "regmean": regmean.merge}[method](models, batches)
+    anchor = models[0].state_dict()
+    assert list(merged) == list(anchor)
+    for key, tensor in anchor.items():
+        assert merged[key].shape == tensor.shape and merged[key].dtype == tensor.dtype, key
+        assert not merged[key].is_floating_point() or torch.isfinite(merged[key]).all(), key
+
+
+@pytest.mark.parametrize("merge", [fisher.merge, regmean.merge])
+def test_missing_batches_are_rejected(merge):
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    for batches in (None, []):
+        with pytest.raises(SymfusionError, match="needs data batches"):
+            merge(models, batches)
+
+
+def test_bad_options_are_rejected():
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    batch = image_batches()[0]
+    with pytest.raises(SymfusionError, match="labels"):
+        fisher.merge(models, [{"pixel_values": batch["pixel_values"]}])
+    with pytest.raises(SymfusionError, match="alpha"):
+        regmean.merge(models, [batch], alpha=1.5)

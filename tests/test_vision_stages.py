@@ -1,0 +1,127 @@
+"""The vision stages through their Hydra commands: train -> match -> merge -> evaluate -> barrier -> report."""
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file, save_file
+
+from symfusion import cli
+from symfusion.evaluate import run_evaluate
+from symfusion.report.tables import table2_rows
+
+TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
+              "model.hidden_size=16", "model.intermediate_size=24", "threads=1"]
+
+
+def config(name: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=cli.CONF_DIR, version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+def run(name: str, command, overrides: list[str]):
+    command(config(name, overrides))
+
+
+def fails_with_one_line(capsys, name, command, overrides, expected: str):
+    with pytest.raises(SystemExit) as exit_info:
+        run(name, command, overrides)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and expected in err, err
+
+
+@pytest.fixture(scope="module")
+def end_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vision")
+    for seed in (0, 1):
+        run("train", cli.train_command, TINY_TRAIN + [f"seed={seed}", f"output={root / f'seed{seed}'}"])
+    return root
+
+
+def test_pipeline_stages_write_their_files(end_models, tmp_path):
+    root = end_models
+    run("match", cli.match_command, [f"source={root / 'seed1'}", f"anchor={root / 'seed0'}",
+                                     f"output={tmp_path / 'matched'}", "matching=rotation"])
+    evals = []
+    for method in ("simple", "regmean"):
+        merged = tmp_path / "merged" / method
+        run("merge", cli.merge_command, ["task=digits", f"fusion={method}", f"output={merged}",
+                                         f"models=[{root / 'seed0'},{tmp_path / 'matched'}]"])
+        assert json.loads((merged / "merge.json").read_text())["matching"] == "rotation"
+        evals.append(tmp_path / f"{method}.json")
+        run("evaluate", cli.evaluate_command, ["task=digits", f"model_dir={merged}", f"output={evals[-1]}"])
+        report = json.loads(evals[-1].read_text())
+        assert report["method"] == method and 0.0 <= report["metrics"]["accuracy"] <= 1.0
+    run("barrier", cli.barrier_command, ["task=digits", f"anchor={root / 'seed0'}", f"source={tmp_path / 'matched'}",
+                                         "points=3", f"output={tmp_path / 'barrier.json'}"])
+    barrier = json.loads((tmp_path / "barrier.json").read_text())
+    assert [p["alpha"] for p in barrier["path"]] == [0.0, 0.5, 1.0] and barrier["matching"] == "rotation"
+    assert barrier["barrier"] >= 0.0
+
+
+def test_merging_a_model_with_itself_changes_nothing(end_models, tmp_path):
+    model = end_models / "seed0"
+    for method in ("simple", "fisher", "regmean"):
+        merged = tmp_path / method
+        run("merge", cli.merge_command, ["task=digits", f"fusion={method}", f"output={merged}",
+                                         f"models=[{model},{model}]"])
+        original, fused = load_file(str(model / "model.safetensors")), load_file(str(merged / "model.safetensors"))
+        assert all(torch.allclose(original[k], fused[k], atol=1e-5) for k in original), method
+
+
+def test_evaluate_reports_end_models_as_such(end_models, tmp_path):
+    task = config("evaluate", ["task=digits"]).task
+    report = run_evaluate(str(end_models / "seed0"), task, str(tmp_path / "e.json"))
+    assert report["method"] == "end_model" and report["metrics"]["n"] == round(1797 * 0.2)
+    assert report["metrics"]["accuracy"] > 0.3        # three short epochs on digits: well above chance (0.1)
+
+
+def test_bad_inputs_get_one_line_errors_and_no_output(end_models, tmp_path, capsys):
+    good = end_models / "seed0"
+    out = tmp_path / "out"
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{tmp_path / 'nope'}]"],
+                        "does not exist")
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good}]"], "at least two")
+    # a model with NaN weights
+    nan_dir = tmp_path / "nan"
+    nan_dir.mkdir()
+    (nan_dir / "config.json").write_text((good / "config.json").read_text())
+    weights = load_file(str(good / "model.safetensors"))
+    first = next(iter(weights))
+    weights[first] = torch.full_like(weights[first], float("nan"))
+    save_file(weights, str(nan_dir / "model.safetensors"))
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{nan_dir}]"], "NaN")
+    # a model of another architecture
+    other = tmp_path / "other"
+    run("train", cli.train_command, TINY_TRAIN + ["model.hidden_size=8", "seed=0", f"output={other}"])
+    capsys.readouterr()                              # drop the training log
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{other}]"], "hidden_size")
+    fails_with_one_line(capsys, "evaluate", cli.evaluate_command,
+                        ["task=digits", f"model_dir={tmp_path / 'nope'}", f"output={tmp_path / 'e.json'}"], "no such model")
+    fails_with_one_line(capsys, "report", cli.report_command,
+                        ["artefact=table9", f"inputs=[{tmp_path / 'e.json'}]", f"output={tmp_path / 't.csv'}"],
+                        "unknown artefact")
+    assert not out.exists() and not (tmp_path / "e.json").exists() and not (tmp_path / "t.csv").exists()
+
+
+def test_unknown_fusion_method_is_refused(capsys, tmp_path):
+    with pytest.raises(Exception) as error:      # Hydra refuses an unknown config group option
+        config("merge", ["fusion=average"])
+    assert "average" in str(error.value)
+
+
+def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
+    paths = []
+    for matching, accuracy in (("none", 0.5), ("rotation_no_rescale", 0.6), ("rotation", 0.62)):
+        path = tmp_path / f"{matching}.json"
+        path.write_text(json.dumps({"method": "simple", "matching": matching, "metrics": {"accuracy": accuracy}}))
+        paths.append(str(path))
+    (row,) = table2_rows(paths)
+    assert row["ours_none"] == pytest.approx(50.0) and row["ours_full"] == pytest.approx(62.0)
+    assert row["paper_none"] == pytest.approx(7.60) and row["paper_full"] == pytest.approx(10.19)
+    assert row["ours_effect"] == "helps" and row["paper_effect"] == "helps" and row["effect_agrees"] is True
