@@ -1,4 +1,6 @@
 """Matching undoes planted symmetries, never loses to permutation-only matching, and rescales optimally."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,7 @@ def test_ot_ffn_undoes_planted_ffn_permutation():
 
 @pytest.mark.parametrize("name,parts", [
     ("attn_only", {"r_qk", "a_qk", "r_vo", "a_vo"}),
+    ("attn_only_no_rescale", {"r_qk", "r_vo"}),
     ("ffn_only", {"ffn_perm"}),
     ("rotation_no_rescale", {"r_qk", "r_vo", "ffn_perm"}),
     ("rotation", {"r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm"}),
@@ -129,9 +132,11 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
     assert a.tolist() == [1.0, 1.0]
 
 
-def test_registry_names_match_the_issue():
-    assert set(MATCHING_METHODS) == {"none", "rotation", "rotation_no_rescale", "attn_only",
+def test_registry_names_match_the_issue_and_each_has_a_config():
+    assert set(MATCHING_METHODS) == {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
                                      "ffn_only", "git_rebasin", "ot_ffn"}
+    from symfusion.cli import CONF_DIR
+    assert {p.stem for p in Path(CONF_DIR, "matching").glob("*.yaml")} == set(MATCHING_METHODS)
 
 
 def test_polar_factor_matches_svd_and_handles_singular_heads():

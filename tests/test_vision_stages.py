@@ -101,6 +101,14 @@ def test_bad_inputs_get_one_line_errors_and_no_output(end_models, tmp_path, caps
     capsys.readouterr()                              # drop the training log
     fails_with_one_line(capsys, "merge", cli.merge_command,
                         ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{other}]"], "hidden_size")
+    # same body, another label count: heads cannot be averaged
+    import transformers
+    config = transformers.AutoConfig.from_pretrained(str(good))
+    config.num_labels = 3
+    transformers.ViTForImageClassification(config).save_pretrained(str(tmp_path / "three"))
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{tmp_path / 'three'}]"],
+                        "different task heads")
     fails_with_one_line(capsys, "evaluate", cli.evaluate_command,
                         ["task=digits", f"model_dir={tmp_path / 'nope'}", f"output={tmp_path / 'e.json'}"], "no such model")
     fails_with_one_line(capsys, "report", cli.report_command,

@@ -38,7 +38,21 @@ def load_models(paths: list[str]) -> list[torch.nn.Module]:
     models = [load_model(p) for p in dirs]
     for path, model in zip(dirs, models):
         check_finite(model.state_dict(), f"model {path}")
+    check_same_shapes(models, dirs)
     return models
+
+
+def check_same_shapes(models: list, dirs: list[Path]) -> None:
+    """Raise naming the first tensor whose shape differs (e.g. task heads with other label counts)."""
+    reference = models[0].state_dict()
+    for path, model in zip(dirs[1:], models[1:]):
+        for key, tensor in model.state_dict().items():
+            if key not in reference or reference[key].shape != tensor.shape:
+                found = tuple(reference[key].shape) if key in reference else "missing"
+                raise SymfusionError(
+                    f"{path} and {dirs[0]} differ in {key!r} ({tuple(tensor.shape)} vs {found}); "
+                    "models with different task heads cannot be fused whole: fuse models of one label space"
+                )
 
 
 def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None) -> dict:

@@ -77,7 +77,8 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, histor
     tensors["rng.torch"] = torch.get_rng_state()
     tensors["rng.generator"] = generator.get_state()
     meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
-            "best_accuracy": best.get("accuracy"), "best_epoch": best.get("epoch")}
+            "best_accuracy": best.get("accuracy"), "best_epoch": best.get("epoch"),
+            "best": {k: v for k, v in best.items() if k != "state"}}   # any selection score (text: "score")
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -104,7 +105,7 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
     torch.set_rng_state(tensors["rng.torch"])
     generator.set_state(tensors["rng.generator"])
     best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
-    best = {"state": best_state, "accuracy": meta["best_accuracy"], "epoch": meta["best_epoch"]}
+    best = {"state": best_state, "accuracy": meta["best_accuracy"], "epoch": meta["best_epoch"], **meta.get("best", {})}
     return meta["epoch"], best, meta["history"]
 
 

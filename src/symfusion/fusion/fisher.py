@@ -6,6 +6,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from symfusion.errors import SymfusionError
+from symfusion.fusion.common import batches_of
 from symfusion.fusion.simple import average_states
 
 
@@ -109,15 +110,15 @@ def _weighted(fishers: list[dict], states: list[dict], name: str, epsilon: float
     return (total / sum(weights)).to(states[0][name].dtype)
 
 
-def merge(models: list, batches: list[dict] | None, epsilon: float = 1e-8, chunk_size: int = 8, **options) -> dict:
+def merge(models: list, batches: list | None, epsilon: float = 1e-8, chunk_size: int = 8, **options) -> dict:
     """Fisher-weighted average of every parameter (plain average where no model has a gradient);
-    buffers and non-float tensors from the anchor."""
+    buffers and non-float tensors from the anchor. `batches`: shared, or one list per model."""
     if not batches:
         raise SymfusionError("fusion method 'fisher' needs data batches (set fusion.num_batches > 0)")
     if epsilon <= 0:
         raise SymfusionError(f"fisher epsilon must be > 0 (it keeps unused parameters averaged), got {epsilon}")
     states = [m.state_dict() for m in models]
-    fishers = [diagonal_fisher(m, batches, chunk_size=chunk_size) for m in models]
+    fishers = [diagonal_fisher(m, batches_of(batches, i), chunk_size=chunk_size) for i, m in enumerate(models)]
     merged = average_states(states)  # kept for parameters without any gradient (all F_i = 0)
     for key, tensor in states[0].items():
         if key not in fishers[0]:

@@ -59,6 +59,7 @@ import torch
 
 from symfusion.arch import ModelLayout, Projection, check_compatible, check_same_layout, layout_of
 from symfusion.errors import SymfusionError
+from symfusion.fusion.common import batches_of
 from symfusion.fusion.simple import average_states
 from symfusion.symmetry import rotate_bias, rotate_columns, rotate_rows
 
@@ -148,6 +149,7 @@ def merge_wts(models: list, batches: list[dict] | None = None, reg: float = 0.06
 def _merge_on_activations(models: list, batches, reg: float | None, method: str) -> dict:
     if not batches:
         raise SymfusionError(f"fusion method {method!r} needs data batches (set fusion.num_batches > 0)")
+    batches = batches_of(batches, 0)   # activations of every model on the same (the anchor's) inputs
     layout, axes, states = _setup(models)
     maps = _activation_maps(models, layout, batches, reg)
     return _fuse(states, maps, layout, axes)

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from symfusion.errors import SymfusionError
+from symfusion.fusion.common import batches_of
 from symfusion.fusion.simple import average_states
 
 
@@ -61,15 +62,16 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.linalg.solve(gram, rhs)
 
 
-def merge(models: list, batches: list[dict] | None, alpha: float = 0.9, **options) -> dict:
+def merge(models: list, batches: list | None, alpha: float = 0.9, **options) -> dict:
     """W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T for every linear layer, G' = alpha G + (1-alpha) diag(G);
-    everything else (biases, LayerNorms, embeddings, linear layers no batch reaches) simply averaged."""
+    everything else (biases, LayerNorms, embeddings, linear layers no batch reaches) simply averaged.
+    `batches`: shared by all models, or one list per model (each model's Gram on its own data)."""
     if not batches:
         raise SymfusionError("fusion method 'regmean' needs data batches (set fusion.num_batches > 0)")
     if not 0.0 <= alpha <= 1.0:
         raise SymfusionError(f"regmean alpha must be in [0, 1] (scale of off-diagonal Gram entries), got {alpha}")
     states = [m.state_dict() for m in models]
-    grams = [gram_matrices(m, batches) for m in models]
+    grams = [gram_matrices(m, batches_of(batches, i)) for i, m in enumerate(models)]
     merged = average_states(states)
     for name in grams[0]:
         key = f"{name}.weight"

@@ -52,6 +52,8 @@ MATCHING_METHODS: dict[str, MatchConfig] = {
     "rotation": MatchConfig(attention="rotation", rescale=True, ffn="permutation"),
     "rotation_no_rescale": MatchConfig(attention="rotation", rescale=False, ffn="permutation"),
     "attn_only": MatchConfig(attention="rotation", rescale=True, ffn="none"),
+    # the paper's language experiments (Table 1, Figure 6): attention rotation only, no rescaling
+    "attn_only_no_rescale": MatchConfig(attention="rotation", rescale=False, ffn="none"),
     "ffn_only": MatchConfig(attention="none", rescale=False, ffn="permutation"),
     "git_rebasin": MatchConfig(attention="permutation", rescale=False, ffn="permutation"),
     "ot_ffn": MatchConfig(attention="none", rescale=False, ffn="ot"),

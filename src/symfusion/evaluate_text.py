@@ -1,0 +1,208 @@
+"""Text models: tokenise examples into padded batches, score a model with its task metric, swap task heads."""
+from __future__ import annotations
+
+import numbers
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from symfusion.errors import SymfusionError
+from symfusion.text_metrics import get_metric
+
+TEXT_KINDS = ("text_classification", "token_classification", "regression")
+IGNORE_INDEX = -100        # label of special tokens, padding and non-first sub-tokens (ignored by the loss)
+
+
+class TextDataset(Dataset):
+    """Tokenised examples: a list of dicts of int lists (input_ids, attention_mask, ..., labels)."""
+
+    def __init__(self, features: list[dict], kind: str, pad_token_id: int):
+        self.features, self.kind, self.pad_token_id = features, kind, pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.features[index]
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in TEXT_KINDS:
+        raise SymfusionError(f"task kind {kind!r}; choose one of {', '.join(TEXT_KINDS)}")
+
+
+def _check_label(label, num_labels: int | None, where: str) -> int:
+    """The label as an int, refused unless an integer in 0..num_labels-1 (any integer when num_labels is None)."""
+    if not isinstance(label, numbers.Integral) or (num_labels is not None and not 0 <= label < num_labels):
+        bound = f"0..{num_labels - 1}" if num_labels is not None else "the integers"
+        raise SymfusionError(f"{where}: label {label!r} is out of range {bound}; check label_names")
+    return int(label)
+
+
+def _sequence_features(examples: list[dict], tokenizer, kind: str, max_length: int, num_labels) -> list[dict]:
+    pairs = [e.get("text_pair") for e in examples]
+    if any(p is None for p in pairs) and any(p is not None for p in pairs):
+        raise SymfusionError("some examples have a text_pair and others not; a task is all pairs or all single texts")
+    texts = [e["text"] for e in examples]
+    encoded = tokenizer(texts, pairs if pairs[0] is not None else None, truncation=True, max_length=max_length)
+    features = []
+    for i, example in enumerate(examples):
+        label = example["label"]
+        if kind == "regression":
+            label = float(label)
+        else:
+            label = _check_label(label, num_labels, f"example {i}")
+        features.append({**{k: v[i] for k, v in encoded.items()}, "labels": label})
+    return features
+
+
+def first_subtoken_labels(word_ids: list, tags: list[int]) -> list[int]:
+    """Per token: the word's tag on its first sub-token, IGNORE_INDEX on the other sub-tokens and specials."""
+    labels, previous = [], None
+    for word in word_ids:
+        labels.append(IGNORE_INDEX if word is None or word == previous else tags[word])
+        previous = word
+    return labels
+
+
+def _token_features(examples: list[dict], tokenizer, max_length: int, num_labels) -> list[dict]:
+    if not getattr(tokenizer, "is_fast", False):
+        raise SymfusionError("token classification needs a fast tokenizer (word_ids); the model folder has a slow one")
+    words = [e["tokens"] for e in examples]
+    encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length)
+    features = []
+    for i, example in enumerate(examples):
+        if len(example["tags"]) != len(example["tokens"]):
+            raise SymfusionError(f"example {i}: {len(example['tokens'])} tokens but {len(example['tags'])} tags")
+        tags = [_check_label(tag, num_labels, f"example {i}") for tag in example["tags"]]
+        labels = first_subtoken_labels(encoded.word_ids(i), tags)
+        features.append({**{k: v[i] for k, v in encoded.items()}, "labels": labels})
+    return features
+
+
+def encode_examples(examples: list[dict], tokenizer, kind: str, max_length: int,
+                    num_labels: int | None = None) -> TextDataset:
+    """Tokenise examples (truncated to max_length); labels are checked against num_labels when given."""
+    _check_kind(kind)
+    if kind == "token_classification":
+        features = _token_features(examples, tokenizer, max_length, num_labels)
+    else:
+        features = _sequence_features(examples, tokenizer, kind, max_length, num_labels)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return TextDataset(features, kind, pad)
+
+
+def collate_text(batch: list[dict], pad_token_id: int = 0) -> dict:
+    """Pad a list of features to the longest in the batch: input_ids with pad_token_id, masks 0, labels -100."""
+    length = max(len(f["input_ids"]) for f in batch)
+    out = {}
+    for key in batch[0]:
+        if key == "labels" and not isinstance(batch[0]["labels"], list):
+            dtype = torch.float32 if isinstance(batch[0]["labels"], float) else torch.long
+            out[key] = torch.tensor([f[key] for f in batch], dtype=dtype)
+            continue
+        fill = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}.get(key, 0)
+        out[key] = torch.tensor([f[key] + [fill] * (length - len(f[key])) for f in batch], dtype=torch.long)
+    return out
+
+
+def text_loader(dataset: TextDataset, batch_size: int, **options) -> DataLoader:
+    """A DataLoader over a TextDataset with dynamic padding."""
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=partial(collate_text, pad_token_id=dataset.pad_token_id),
+                      **options)
+
+
+def statistic_batches_text(examples: list[dict], tokenizer, kind: str, max_length: int, batch_size: int,
+                           num_batches: int) -> list[dict]:
+    """The first num_batches padded batches of `examples` in their order: data for Fisher / RegMean / OT statistics."""
+    dataset = encode_examples(examples[:batch_size * num_batches], tokenizer, kind, max_length)
+    return list(text_loader(dataset, batch_size, shuffle=False))
+
+
+# ---------------------------------------------------------------- evaluation
+
+def _batch_loss_and_outputs(logits: torch.Tensor, labels: torch.Tensor, kind: str):
+    """(summed loss in float64, number of scored items, predictions, references) of one batch."""
+    if kind == "regression":
+        values = logits.squeeze(-1).double()
+        loss = torch.nn.functional.mse_loss(values, labels.double(), reduction="sum")
+        return loss.item(), labels.numel(), values.tolist(), labels.tolist()
+    if kind == "text_classification":
+        loss = torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum")
+        return loss.item(), labels.numel(), logits.argmax(-1).tolist(), labels.tolist()
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), labels.flatten(),
+                                             ignore_index=IGNORE_INDEX, reduction="sum")
+    keep, best = labels != IGNORE_INDEX, logits.argmax(-1)
+    predictions = [best[i][keep[i]].tolist() for i in range(labels.shape[0])]
+    references = [labels[i][keep[i]].tolist() for i in range(labels.shape[0])]
+    return loss.item(), int(keep.sum()), predictions, references
+
+
+def _tag_names(model, label_names) -> list[str]:
+    if label_names is not None:
+        return list(label_names)
+    id2label = getattr(model.config, "id2label", None) or {}
+    return [id2label[i] for i in range(len(id2label))]
+
+
+@torch.no_grad()
+def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, max_length: int, metric: str,
+                        batch_size: int = 64, label_names: list[str] | None = None) -> dict:
+    """The metric's entries plus "loss" and "n" of `model` on `examples` (or an encoded TextDataset); eval mode.
+
+    "loss" is the mean of the model's own loss over examples (cross-entropy; MSE for regression) or,
+    for token classification, over the scored first sub-tokens; "n" counts examples. Token
+    classification is scored on the words that survive truncation to max_length; tag names come from
+    `label_names`, else from the model config's id2label.
+    """
+    _check_kind(kind)
+    score = get_metric(metric, kind)
+    dataset = examples if isinstance(examples, TextDataset) else encode_examples(examples, tokenizer, kind, max_length)
+    if len(dataset) == 0:
+        raise SymfusionError("the evaluation split is empty; check the task's limit settings")
+    model.eval()
+    loss_sum, count, predictions, references = 0.0, 0, [], []
+    for batch in text_loader(dataset, batch_size, shuffle=False):
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        parts = _batch_loss_and_outputs(logits, labels, kind)
+        loss_sum, count = loss_sum + parts[0], count + parts[1]
+        predictions += parts[2]
+        references += parts[3]
+    if kind == "token_classification":
+        names = _tag_names(model, label_names)
+        predictions = [[names[t] for t in row] for row in predictions]
+        references = [[names[t] for t in row] for row in references]
+    return {**score(references, predictions), "loss": loss_sum / max(count, 1), "n": len(dataset)}
+
+
+# ---------------------------------------------------------------- task heads
+
+def head_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict keys of the task head: everything outside `base_model_prefix.` (BERT's pooler stays encoder)."""
+    prefix = model.base_model_prefix + "."
+    return [k for k in model.state_dict() if not k.startswith(prefix)]
+
+
+def copy_head(model: torch.nn.Module, head_dir: str | Path) -> list[str]:
+    """Replace `model`'s task head (and its id2label / label2id) by the one in head_dir; returns the keys copied."""
+    from symfusion.modelio import load_model
+    donor = load_model(head_dir)
+    ours, theirs = type(model).__name__, type(donor).__name__
+    if ours != theirs or donor.base_model_prefix != model.base_model_prefix:
+        raise SymfusionError(f"{head_dir} holds a {theirs}, not a {ours}; take the head from a model of the same task")
+    keys, donor_state, state = head_keys(model), donor.state_dict(), model.state_dict()
+    if sorted(keys) != sorted(head_keys(donor)):
+        raise SymfusionError(f"{head_dir}: head tensors {sorted(head_keys(donor))} differ from {sorted(keys)}")
+    for key in keys:
+        if donor_state[key].shape != state[key].shape:
+            raise SymfusionError(f"{head_dir}: head tensor {key} has shape {tuple(donor_state[key].shape)}, "
+                                 f"the model expects {tuple(state[key].shape)}; same number of labels needed")
+    with torch.no_grad():
+        for key in keys:
+            state[key].copy_(donor_state[key])
+    for field in ("id2label", "label2id", "problem_type"):
+        setattr(model.config, field, getattr(donor.config, field))
+    return keys
