@@ -29,6 +29,8 @@ wildcard_constraints:
     anchor="[A-Za-z0-9_]+",
     matching="[a-z_]+",
     method="[a-z_]+",
+    lmodel="[a-z0-9_]+",
+    dataset="[a-z0-9_]+",
 
 
 include: "workflow/rules/common.smk"
@@ -38,10 +40,11 @@ include: "workflow/rules/match.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/barrier.smk"
+include: "workflow/rules/language.smk"
 include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
-        vision_targets(),
+        vision_targets() + language_targets(),
     default_target: True

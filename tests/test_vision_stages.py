@@ -72,7 +72,7 @@ def test_merging_a_model_with_itself_changes_nothing(end_models, tmp_path):
 
 def test_evaluate_reports_end_models_as_such(end_models, tmp_path):
     task = config("evaluate", ["task=digits"]).task
-    report = run_evaluate(str(end_models / "seed0"), task, str(tmp_path / "e.json"))
+    report = run_evaluate(str(end_models / "seed0"), [task], str(tmp_path / "e.json"))
     assert report["method"] == "end_model" and report["metrics"]["n"] == round(1797 * 0.2)
     assert report["metrics"]["accuracy"] > 0.3        # three short epochs on digits: well above chance (0.1)
 

@@ -1,4 +1,4 @@
-"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -report."""
+"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -report."""
 from __future__ import annotations
 
 import sys
@@ -39,6 +39,13 @@ def _container(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+def _task(cfg: DictConfig, name: str | None = None):
+    """The stage's task (cfg.task, or conf/task/<name>.yaml) sized by the profile (smoke shrinks text tasks)."""
+    from symfusion.tasks import load_task, sized_task
+
+    return sized_task(load_task(name) if name else cfg.task, cfg.get("profile"))
+
+
 @report_errors
 def match_command(cfg: DictConfig) -> None:
     """symfusion-match source=DIR anchor=DIR output=DIR matching=NAME [layers=[..] | last_layers=K]"""
@@ -72,7 +79,7 @@ def data_command(cfg: DictConfig) -> None:
 
     if not cfg.output:
         raise SymfusionError("output=FILE.json is required")
-    manifest = data_manifest(cfg.task)
+    manifest = data_manifest(_task(cfg))
     manifest["provenance"] = provenance(OmegaConf.to_container(cfg, resolve=True))
     write_json_atomic(manifest, cfg.output)
     sizes = ", ".join(f"{k} {v['size']}" for k, v in manifest["splits"].items())
@@ -81,46 +88,68 @@ def data_command(cfg: DictConfig) -> None:
 
 @report_errors
 def train_command(cfg: DictConfig) -> None:
-    """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]"""
+    """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]: a ViT from scratch or a text fine-tune"""
     import torch
 
-    from symfusion.tasks import task_splits
-    from symfusion.train import train_image_classifier
+    from symfusion.tasks import is_text, task_splits
 
     if not cfg.output:
         raise SymfusionError("output=DIR is required")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    train = cfg.task.train
-    report = train_image_classifier(
-        output_dir=cfg.output, splits=task_splits(cfg.task), model_cfg=_container(cfg.model), seed=int(cfg.seed),
-        epochs=int(train.epochs), batch_size=int(train.batch_size), lr=float(train.lr),
-        weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
-        eval_batch_size=int(cfg.task.eval_batch_size), augmentation=bool(train.get("augment", False)),
-        resolved_config=OmegaConf.to_container(cfg, resolve=True),
-    )
-    print(f"trained {cfg.model.name} on {cfg.task.name} (seed {cfg.seed}): validation accuracy "
-          f"{report['validation_accuracy']:.4f} (epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
+    task = _task(cfg)
+    train, resolved = task.train, OmegaConf.to_container(cfg, resolve=True)
+    common = dict(seed=int(cfg.seed), epochs=int(train.epochs), batch_size=int(train.batch_size), lr=float(train.lr),
+                  weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
+                  eval_batch_size=int(task.eval_batch_size), resolved_config=resolved)
+    if is_text(task):
+        from symfusion.basemodels import resolve_base_model
+        from symfusion.train_text import finetune_text_model
+
+        if not cfg.model.get("base_model"):
+            raise SymfusionError(f"model={cfg.model.name} is not a pretrained encoder; text tasks need e.g. model=minilm")
+        report = finetune_text_model(cfg.output, str(resolve_base_model(cfg.model.base_model)), task_splits(task),
+                                     max_length=int(task.max_length), metric=task.metric, **common)
+        score = report["validation_score"]
+    else:
+        from symfusion.train import train_image_classifier
+
+        if cfg.model.get("base_model"):
+            raise SymfusionError(f"model={cfg.model.name} is a text encoder; image tasks need a ViT config (vit_*)")
+        report = train_image_classifier(cfg.output, task_splits(task), _container(cfg.model),
+                                        augmentation=bool(train.get("augment", False)), **common)
+        score = report["validation_accuracy"]
+    print(f"trained {cfg.model.name} on {task.name} (seed {cfg.seed}): validation score {score:.4f} "
+          f"(epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
 
 
 @report_errors
 def merge_command(cfg: DictConfig) -> None:
-    """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR"""
+    """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]"""
     from symfusion.merge import run_merge
 
-    report = run_merge(_container(cfg.models), _container(cfg.fusion), cfg.task, cfg.output,
-                       OmegaConf.to_container(cfg, resolve=True))
+    tasks = [_task(cfg, name) for name in _container(cfg.tasks)] if cfg.get("tasks") else None
+    report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output,
+                       OmegaConf.to_container(cfg, resolve=True), tasks=tasks)
     print(f"merged {len(report['models'])} models with {report['method']} "
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
 
 
 @report_errors
 def evaluate_command(cfg: DictConfig) -> None:
-    """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test]"""
+    """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test] [head_from=DIR]
+    or, several tasks in one process: tasks=[T1,T2] heads=[DIR1,DIR2] (each task with its model's head)"""
     from symfusion.evaluate import run_evaluate
 
-    report = run_evaluate(cfg.model_dir, cfg.task, cfg.output, cfg.split, OmegaConf.to_container(cfg, resolve=True))
-    print(f"evaluated {cfg.model_dir} on {cfg.task.name}/{cfg.split}: {report['metrics']} -> {cfg.output}")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if cfg.get("tasks"):
+        tasks = [_task(cfg, name) for name in _container(cfg.tasks)]
+        heads = _container(cfg.get("heads")) or [None] * len(tasks)
+    else:
+        tasks, heads = [_task(cfg)], [cfg.get("head_from")]
+    report = run_evaluate(cfg.model_dir, tasks, cfg.output, cfg.split, resolved, heads=heads)
+    summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
+    print(f"evaluated {cfg.model_dir}/{cfg.split}: {summary} -> {cfg.output}")
 
 
 @report_errors
@@ -131,6 +160,19 @@ def barrier_command(cfg: DictConfig) -> None:
     report = run_barrier(cfg.anchor, cfg.source, cfg.task, cfg.output, int(cfg.points), cfg.split,
                          OmegaConf.to_container(cfg, resolve=True))
     print(f"barrier {report['matching']}: {report['barrier']:.4f} -> {cfg.output}")
+
+
+@report_errors
+def layers_command(cfg: DictConfig) -> None:
+    """symfusion-layers anchor=DIR source=DIR tasks=[T_ANCHOR,T_SOURCE] output=FILE.json [matching=NAME] [examples=N]"""
+    from symfusion.layers import run_layer_sweep
+
+    if not cfg.get("tasks"):
+        raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK] is required")
+    tasks = [_task(cfg, name) for name in _container(cfg.tasks)]
+    report = run_layer_sweep(cfg.anchor, cfg.source, tasks, cfg.matching, cfg.output,
+                             int(cfg.examples) if cfg.examples else None, OmegaConf.to_container(cfg, resolve=True))
+    print(f"layer sweep: {len(report['rows'])} evaluations in {report['seconds']:.0f}s -> {cfg.output}")
 
 
 @report_errors
@@ -156,6 +198,7 @@ match_main = hydra_entry("match", match_command)
 merge_main = hydra_entry("merge", merge_command)
 evaluate_main = hydra_entry("evaluate", evaluate_command)
 barrier_main = hydra_entry("barrier", barrier_command)
+layers_main = hydra_entry("layers", layers_command)
 report_main = hydra_entry("report", report_command)
 
 if __name__ == "__main__":

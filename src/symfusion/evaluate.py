@@ -1,4 +1,4 @@
-"""The evaluate stage: accuracy and loss of an image classifier on one split, as JSON."""
+"""The evaluate stage: metrics of a model folder on one or more tasks (image accuracy/loss; text task metrics), as JSON."""
 from __future__ import annotations
 
 import json
@@ -15,11 +15,13 @@ from symfusion.errors import SymfusionError
 def evaluate_image_classifier(model: torch.nn.Module, dataset, batch_size: int = 512) -> dict:
     """{"accuracy", "loss" (mean cross-entropy), "n"} of `model` on `dataset`; the model is left in eval mode."""
     model.eval()
+    device = next(model.parameters()).device
     correct, loss_sum, count = 0, 0.0, 0
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        logits = model(pixel_values=batch["pixel_values"]).logits
-        loss_sum += torch.nn.functional.cross_entropy(logits.double(), batch["labels"], reduction="sum").item()
-        correct += (logits.argmax(dim=-1) == batch["labels"]).sum().item()
+        labels = batch["labels"].to(device)
+        logits = model(pixel_values=batch["pixel_values"].to(device)).logits
+        loss_sum += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum").item()
+        correct += (logits.argmax(dim=-1) == labels).sum().item()
         count += batch["labels"].shape[0]
     if count == 0:
         raise SymfusionError("the evaluation split is empty; check the task's limit settings")
@@ -31,24 +33,39 @@ def model_origin(model_dir: Path) -> dict:
     merge_json = model_dir / "merge.json"
     if merge_json.is_file():
         merge = json.loads(merge_json.read_text())
-        return {"method": merge["method"], "matching": merge["matching"]}
+        return {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
+                "merged_models": merge["models"]}
     return {"method": "end_model", "matching": "none"}
 
 
-def run_evaluate(model: str, task, output: str, split: str = "test", resolved_config: dict | None = None) -> dict:
-    """Evaluate a model folder on a task's split and write the JSON atomically."""
-    from symfusion.modelio import load_model, write_json_atomic
+def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
+                 heads: list | None = None) -> dict:
+    """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
+    from symfusion.modelio import compute_device, load_model, write_json_atomic
     from symfusion.provenance import provenance
-    from symfusion.tasks import evaluate_split
+    from symfusion.tasks import evaluate_split, is_text
 
     if not model or not Path(model).is_dir():
-        raise SymfusionError(f"model={model}: no such model folder; pass a save_pretrained directory")
+        raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
     if not output:
         raise SymfusionError("output=FILE.json is required")
+    heads = heads or [None] * len(tasks)
+    if len(heads) != len(tasks):
+        raise SymfusionError(f"{len(heads)} heads for {len(tasks)} tasks: give one head folder per task")
     loaded = load_model(model)
-    start = time.perf_counter()
-    metrics = evaluate_split(loaded, task, split)
-    report = {"model": str(model), **model_origin(Path(model)), "task": task.name, "split": split,
-              "metrics": metrics, "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
+    start, results = time.perf_counter(), []
+    for task, head in zip(tasks, heads):
+        if head:
+            if not is_text(task):
+                raise SymfusionError("head_from is for text tasks (classifier heads copied from a fine-tuned model)")
+            from symfusion.evaluate_text import copy_head
+            copy_head(loaded, head)
+        loaded.to(compute_device())
+        results.append({"task": task.name, "kind": task.kind, "metric": task.get("metric", "accuracy"),
+                        "split": split, "head_from": head,
+                        "metrics": evaluate_split(loaded, task, split, model_dir=model)})
+    report = {"model": str(model), **model_origin(Path(model)), "task": results[0]["task"], "split": split,
+              "metrics": results[0]["metrics"], "results": results, "seconds": time.perf_counter() - start,
+              "provenance": provenance(resolved_config)}
     write_json_atomic(report, output)
     return report

@@ -10,7 +10,8 @@ import torch
 from symfusion.arch import check_compatible, check_finite
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, merge_models
-from symfusion.modelio import atomic_directory, copy_auxiliary_files, load_config, load_model, write_json_atomic
+from symfusion.modelio import (atomic_directory, compute_device, copy_auxiliary_files, load_config, load_model,
+                               write_json_atomic)
 from symfusion.provenance import provenance
 from symfusion.tasks import statistic_batches
 
@@ -55,25 +56,40 @@ def check_same_shapes(models: list, dirs: list[Path]) -> None:
                 )
 
 
-def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None) -> dict:
-    """Merge `models` (anchor first) with one fusion method and write `output` atomically."""
+def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
+    """Statistic batches: one list shared by all models (one task), or each model's own task's batches."""
+    if len(tasks) == 1:
+        return statistic_batches(tasks[0], num_batches, models[0])
+    if len(tasks) != len(models):
+        raise SymfusionError(f"{len(tasks)} tasks for {len(models)} models: give one task, or one per model")
+    return [statistic_batches(task, num_batches, model) for task, model in zip(tasks, models)]
+
+
+def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None,
+              tasks: list | None = None) -> dict:
+    """Merge `models` (anchor first) with one fusion method and write `output` atomically.
+
+    `tasks` (one per model) makes Fisher / RegMean statistics use each model's own task data;
+    otherwise every model's statistics use `task`.
+    """
     method = fusion["name"]
     if method not in FUSION_METHODS:
         raise SymfusionError(f"unknown fusion method {method!r}; choose one of {', '.join(FUSION_METHODS)}")
     if not output:
         raise SymfusionError("output=DIR is required (where the merged model folder is written)")
-    loaded = load_models(models)
+    loaded = [m.to(compute_device()) for m in load_models(models)]
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
-    batches = statistic_batches(task, int(fusion["num_batches"])) if "num_batches" in fusion else None
+    tasks = tasks or [task]
+    batches = model_batches(models, tasks, int(fusion["num_batches"])) if "num_batches" in fusion else None
     start = time.perf_counter()
     merged_state = merge_models(method, loaded, batches, **options)
     seconds = time.perf_counter() - start
     check_finite(merged_state, f"merged model ({method})")
-    merged = loaded[0]
-    merged.load_state_dict(merged_state)
+    merged = loaded[0].to("cpu")
+    merged.load_state_dict({k: v.cpu() for k, v in merged_state.items()})
     report = {
         "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
-        "task": task.name, "fusion": fusion, "seconds": seconds,
+        "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
         "provenance": provenance(resolved_config),
     }
     with atomic_directory(output) as tmp:

@@ -20,6 +20,16 @@ AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.
                       "preprocessor_config.json", "*.model", "sentencepiece*")
 
 
+def compute_device() -> torch.device:
+    """The GPU when one is visible (SLURM pins one per job via CUDA_VISIBLE_DEVICES), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A batch dict with its tensors on `device`."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
 def model_class(config):
     """The transformers class a checkpoint was saved from (its config's architectures), else AutoModel."""
     for name in getattr(config, "architectures", None) or []:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from symfusion.errors import SymfusionError
 from symfusion.evaluate import evaluate_image_classifier
-from symfusion.modelio import atomic_directory, write_json_atomic
+from symfusion.modelio import atomic_directory, compute_device, write_json_atomic
 from symfusion.provenance import provenance
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -67,13 +67,13 @@ def _checkpoint_dir(output: Path) -> Path:
 def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, history: list, fingerprint: str,
                     generator: torch.Generator) -> None:
     """Model, AdamW moments, RNG states and progress after `epoch`, written atomically."""
-    tensors = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
-                tensors[f"optim.{names[id(param)]}.{key}"] = torch.as_tensor(value).clone()
-    tensors.update({f"best.{k}": v.contiguous() for k, v in best.get("state", {}).items()})
+                tensors[f"optim.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu().clone()
+    tensors.update({f"best.{k}": v.cpu().contiguous() for k, v in best.get("state", {}).items()})
     tensors["rng.torch"] = torch.get_rng_state()
     tensors["rng.generator"] = generator.get_state()
     meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
@@ -101,7 +101,8 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
     for key, value in tensors.items():
         if key.startswith("optim."):
             name, slot = key[6:].rsplit(".", 1)
-            optimizer.state[params[name]][slot] = value
+            param = params[name]
+            optimizer.state[param][slot] = value if slot == "step" else value.to(param.device)
     torch.set_rng_state(tensors["rng.torch"])
     generator.set_state(tensors["rng.generator"])
     best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
@@ -120,7 +121,8 @@ def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed:
     train_set, validation_set = splits["train"], splits["validation"]
     torch.manual_seed(seed)
     config = vit_config(model_cfg, train_set.image_shape, train_set.num_classes)
-    model = transformers.ViTForImageClassification(config)
+    device = compute_device()
+    model = transformers.ViTForImageClassification(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True)
@@ -147,7 +149,7 @@ def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed:
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", mininterval=5.0, leave=False)
         for batch in bar:
             pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]
-            loss = model(pixel_values=pixels, labels=batch["labels"]).loss
+            loss = model(pixel_values=pixels.to(device), labels=batch["labels"].to(device)).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -161,10 +163,10 @@ def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed:
               f"validation accuracy {metrics['accuracy']:.4f}", flush=True)
         if metrics["accuracy"] > best["accuracy"]:
             best = {"accuracy": metrics["accuracy"], "epoch": epoch + 1,
-                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+                    "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
         save_checkpoint(checkpoint, model, optimizer, epoch + 1, best, history, fingerprint, generator)
     model.load_state_dict(best["state"])
-    model.eval()
+    model.to("cpu").eval()
     report = {"seed": seed, "epochs": epochs, "best_epoch": best["epoch"],
               "validation_accuracy": best["accuracy"], "history": history,
               "seconds": time.perf_counter() - start, "resumed_after_epoch": resumed[0] if resumed else None,

@@ -38,3 +38,66 @@ def vision_targets():
 def comma_joined(wildcards, input):
     """A rule's input files as one comma-separated string, for Hydra list overrides."""
     return ",".join(input)
+
+
+# ---------------------------------------------------------------- language track
+LANG = SETTINGS.get("language") or {}
+LANG_RESULTS = f"{RESULTS}/lang"
+LANG_MODELS = LANG.get("models", [])
+LANG_OOD = LANG.get("ner_ood", "")
+LANG_MATCHINGS = ["none", LANG.get("matching", "attn_only_no_rescale")]
+
+
+def lang_model_dir(lmodel, dataset):
+    return f"{LANG_RESULTS}/{lmodel}/models/{dataset}"
+
+
+def lang_source_dir(lmodel, source, anchor, matching):
+    """The source model as merged: the fine-tuned folder itself when unmatched, else its matched copy."""
+    if matching == "none":
+        return lang_model_dir(lmodel, source)
+    return f"{LANG_RESULTS}/{lmodel}/matched/{source}-onto-{anchor}/{matching}"
+
+
+def fusion_batches_override(method):
+    """Hydra override of the number of statistic batches for the methods that read data."""
+    return f"fusion.num_batches={LANG['fusion_batches']}" if method in ("fisher", "regmean") else ""
+
+
+def lang_pairs(datasets):
+    """Pairwise in-domain merges: (source, anchor) with the earlier dataset as anchor."""
+    return [(b, a) for i, a in enumerate(datasets) for b in datasets[i + 1:]]
+
+
+def lang_pair_evals(lmodel, datasets):
+    return [f"{LANG_RESULTS}/{lmodel}/eval/{s}-onto-{a}/{m}/{f}.json"
+            for s, a in lang_pairs(datasets) for m in LANG_MATCHINGS for f in LANG["fusion_methods"]]
+
+
+def table1_inputs():
+    files = []
+    for lmodel in LANG_MODELS:
+        files += lang_pair_evals(lmodel, LANG["emotion"]) + lang_pair_evals(lmodel, LANG["ner"])
+        files += [f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{m}/{f}.json"
+                  for m in LANG_MATCHINGS for f in LANG["fusion_methods"]]
+        files += [f"{LANG_RESULTS}/{lmodel}/eval/end/{d}.json" for d in LANG["emotion"] + LANG["ner"]]
+    return files
+
+
+def table3_inputs():
+    """Timings: end models' train.json, matched folders' match.json, merged models' evals (merge seconds)."""
+    files = [f"{RESULTS}/models/{VISION_TASK}/{m}" for m in (ANCHOR_ID, SOURCE_ID)]
+    files += [f"{RESULTS}/matched/{VISION_TASK}/{VISION_PAIR}/rotation"]
+    files += [merged_eval(VISION_TASK, VISION_PAIR, "rotation", f) for f in FUSION_METHODS if f in ("simple", "fisher", "regmean")]
+    for lmodel in LANG_MODELS:
+        datasets = LANG["emotion"] + LANG["ner"] + LANG["glue"]
+        files += [lang_model_dir(lmodel, d) for d in datasets]
+        files += [lang_source_dir(lmodel, s, a, LANG_MATCHINGS[1]) for s, a in lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"])]
+        files += [f for f in lang_pair_evals(lmodel, LANG["emotion"]) + lang_pair_evals(lmodel, LANG["ner"])]
+    return files
+
+
+def language_targets():
+    if not LANG_MODELS:
+        return []
+    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png"]

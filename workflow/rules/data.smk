@@ -4,6 +4,8 @@
 rule data:
     output:
         f"{RESULTS}/data/{{task}}.json",
+    params:
+        profile=PROFILE,
     log:
         f"{LOGS}/data/{{task}}.log",
     benchmark:
@@ -11,4 +13,4 @@ rule data:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-data task={wildcards.task} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-data task={wildcards.task} profile={params.profile} output={output} > {log} 2>&1"

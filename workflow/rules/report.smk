@@ -73,3 +73,57 @@ rule fig5_barrier:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} symfusion-report artefact=fig5 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+
+
+rule table1:
+    input:
+        table1_inputs(),
+    output:
+        csv=f"{RESULTS}/table1.csv",
+        md=f"{RESULTS}/table1.md",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/table1.log",
+    benchmark:
+        f"{BENCH}/report/table1.tsv"
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=table1 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+
+
+rule table3:
+    input:
+        table3_inputs(),
+    output:
+        csv=f"{RESULTS}/table3.csv",
+        md=f"{RESULTS}/table3.md",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/table3.log",
+    benchmark:
+        f"{BENCH}/report/table3.tsv"
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=table3 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+
+
+rule fig6_layers:
+    input:
+        [f"{LANG_RESULTS}/{m}/layers.json" for m in LANG_MODELS],
+    output:
+        png=f"{FIGURES}/fig6_layers.png",
+        csv=f"{FIGURES}/fig6_layers.csv",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/fig6.log",
+    benchmark:
+        f"{BENCH}/report/fig6.tsv"
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig6 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"

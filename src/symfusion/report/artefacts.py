@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.report import figures, tables
+from symfusion.report import figures, language, tables
 
 # artefact name -> function(inputs, output)
 ARTEFACTS = {
@@ -12,6 +12,9 @@ ARTEFACTS = {
     "fig3": figures.fig3_ablation,
     "fig4": figures.fig4_distance,
     "fig5": figures.fig5_barrier,
+    "table1": language.write_table1,
+    "table3": language.write_table3,
+    "fig6": language.fig6_layers,
 }
 
 

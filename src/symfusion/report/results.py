@@ -55,6 +55,14 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
     tmp.replace(path)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
     columns = columns or list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

@@ -1,0 +1,86 @@
+"""The layer-subset sweep (paper Figure 6): match single layers or the last k layers, average, evaluate.
+
+For two models fine-tuned on different tasks (the source moved onto the anchor), every subset
+of attention layers is matched, the two encoder bodies are simply averaged, and each task is
+evaluated with its own fine-tuned model whose body is replaced by the merged one (its task
+head stays: heads of different tasks have different shapes). Subsets: none, each single layer
+i, and the last k layers for k = 1..L. One process, one JSON: 2L+1 merges of two models.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from symfusion.arch import check_compatible, check_finite, layout_of
+from symfusion.errors import SymfusionError
+from symfusion.matching import matching_config, match_models
+from symfusion.modelio import load_config, load_model, write_json_atomic
+from symfusion.provenance import provenance
+from symfusion.symmetry import apply_transform
+
+
+def subsets(num_layers: int) -> list[dict]:
+    """[{"setting", "k", "layers"}]: no matching, every single layer, every tail of k layers."""
+    rows = [{"setting": "none", "k": 0, "layers": []}]
+    rows += [{"setting": "single", "k": i, "layers": [i]} for i in range(num_layers)]
+    rows += [{"setting": "tail", "k": k, "layers": list(range(num_layers - k, num_layers))}
+             for k in range(1, num_layers + 1)]
+    return rows
+
+
+def body_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict keys of the encoder (under base_model_prefix); the rest is the task head."""
+    prefix = model.base_model_prefix + "."
+    return [k for k in model.state_dict() if k.startswith(prefix)]
+
+
+def averaged_body(anchor_state: dict, source_state: dict, keys: list[str]) -> dict:
+    """Simple fusion of the encoder: the mean of the two bodies, key by key."""
+    return {k: (anchor_state[k].double() + source_state[k].double()).div(2).to(anchor_state[k].dtype) for k in keys}
+
+
+def evaluate_with_body(model: torch.nn.Module, body: dict, evaluate) -> dict:
+    """Metrics of `model` with its encoder replaced by `body` (its own weights are restored afterwards)."""
+    original = {k: v.clone() for k, v in model.state_dict().items() if k in body}
+    model.load_state_dict(body, strict=False)
+    try:
+        return evaluate(model)
+    finally:
+        model.load_state_dict(original, strict=False)
+
+
+def run_layer_sweep(anchor: str, source: str, tasks: list, matching: str, output: str, examples: int | None = None,
+                    resolved_config: dict | None = None) -> dict:
+    """Sweep layer subsets for the pair (anchor, source) and write the rows as JSON."""
+    from symfusion.tasks import evaluate_subset
+
+    if len(tasks) != 2:
+        raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK]: one task per model")
+    if not output:
+        raise SymfusionError("output=FILE.json is required")
+    for path in (anchor, source):
+        if not Path(path).is_dir():
+            raise SymfusionError(f"model folder {path} does not exist; fine-tune it first")
+    check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
+    models = {"anchor": load_model(anchor), "source": load_model(source)}
+    anchor_state, source_state = models["anchor"].state_dict(), models["source"].state_dict()
+    for name, state in (("anchor", anchor_state), ("source", source_state)):
+        check_finite(state, f"{name} model")
+    layout = layout_of(models["source"].config, source_state)
+    keys = body_keys(models["anchor"])
+    config = matching_config(matching)
+    start, rows = time.perf_counter(), []
+    for subset in subsets(layout.num_layers):
+        transform = match_models(source_state, anchor_state, layout, config, layers=subset["layers"]).transform
+        body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
+        for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
+            metrics = evaluate_with_body(models[role], body,
+                                         lambda m: evaluate_subset(m, task, examples, model_dir=folder))
+            rows.append({**subset, "task": task.name, "role": role, **metrics})
+    report = {"anchor": anchor, "source": source, "matching": matching, "num_layers": layout.num_layers,
+              "fusion": "simple", "examples": examples, "rows": rows, "seconds": time.perf_counter() - start,
+              "provenance": provenance(resolved_config)}
+    write_json_atomic(report, output)
+    return report

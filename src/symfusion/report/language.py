@@ -1,0 +1,149 @@
+"""Language-track artefacts: Table 1 (merges, ours beside the paper's), Table 3 (seconds) and Figure 6 (layers)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from symfusion.report.figures import plt, save_figure
+from symfusion.report.results import markdown_table, read_json, read_paper_table, write_csv, write_text_atomic
+from symfusion.report.tables import effect
+
+# Table 1 settings, named as in conf/paper/table1.csv.
+SETTING_OF_KIND = {"text_classification": "emotion", "token_classification": "ner"}
+PAPER_MODELS = ("roberta-base", "deberta-v3-large")
+# Effect tolerance for Table 1 scores (points of macro-/micro-F1 x 100).
+TABLE1_TOLERANCE = 0.1
+
+
+def eval_setting(path: str, data: dict) -> str:
+    """emotion / ner (pairwise in-domain) or ner-conll (grouped, out-of-domain) for one eval JSON."""
+    if "/eval_group/" in path:
+        return "ner-conll"
+    return SETTING_OF_KIND[data["results"][0]["kind"]]
+
+
+def model_name(path: str) -> str:
+    """The language model's name: the folder after lang/ in results/<profile>/lang/<model>/..."""
+    parts = Path(path).parts
+    return parts[parts.index("lang") + 1]
+
+
+def table1_rows(eval_paths: list[str]) -> list[dict]:
+    """Mean score x100 per (model, setting, method, matched), over pairs and evaluated tasks; paper beside."""
+    scores, ends = defaultdict(list), defaultdict(list)
+    for path in eval_paths:
+        data = read_json(path)
+        if data["method"] == "end_model":
+            for result in data["results"]:
+                setting = "ner-conll" if result["task"] != data["task"] else SETTING_OF_KIND[result["kind"]]
+                ends[(model_name(path), setting)].append(100 * result["metrics"]["score"])
+            continue
+        key = (model_name(path), eval_setting(path, data), data["method"], data["matching"] != "none")
+        scores[key] += [100 * r["metrics"]["score"] for r in data["results"]]
+    paper = {(r["setting"], r["model"], r["method"], r["matched"] == "true"): float(r["score"])
+             for r in read_paper_table("table1")}
+    rows = []
+    for (model, setting, method, matched) in sorted(k for k in scores if not k[3]):
+        without, with_ = mean(scores[(model, setting, method, False)]), mean(scores.get((model, setting, method, True), [float("nan")]))
+        row = {"model": model, "setting": setting, "method": method, "ours_unmatched": without,
+               "ours_matched": with_, "ours_effect": effect(without, with_, TABLE1_TOLERANCE),
+               "end_models_mean": mean(ends[(model, setting)]) if ends[(model, setting)] else None,
+               "merges": len(scores[(model, setting, method, False)])}
+        for paper_model in PAPER_MODELS:
+            p0, p1 = paper.get((setting, paper_model, method, False)), paper.get((setting, paper_model, method, True))
+            row[f"paper_{paper_model}_unmatched"], row[f"paper_{paper_model}_matched"] = p0, p1
+            row[f"paper_{paper_model}_effect"] = effect(p0, p1, TABLE1_TOLERANCE) if p0 is not None else ""
+        row["effect_agrees_with_paper"] = "yes" if row["ours_effect"] in {
+            row[f"paper_{m}_effect"] for m in PAPER_MODELS} else "no"
+        rows.append(row)
+    return rows
+
+
+def write_table1(eval_paths: list[str], output_csv: str | Path) -> list[dict]:
+    rows = table1_rows(eval_paths)
+    write_csv(rows, output_csv)
+    text = ("# Table 1: language merges, ours beside the paper's (score x 100: macro-F1 for emotion-like, "
+            "span micro-F1 for NER; NER tags are silver in the mini profile)\n\n" + markdown_table(rows) +
+            f"\nEffect of matching: matched vs unmatched; |change| <= {TABLE1_TOLERANCE} = no change. `merges` counts "
+            "(pair, evaluated task) scores averaged. Pairwise merges use each evaluated task's own head; grouped "
+            "(ner-conll) merges fuse the heads.\n\nInputs:\n" + "".join(f"- {p}\n" for p in eval_paths))
+    write_text_atomic(Path(output_csv).with_suffix(".md"), text)
+    return rows
+
+
+# ---------------------------------------------------------------- Table 3
+
+def family_of_folder(folder: Path) -> str:
+    """minilm / vit / roberta_base ...: the language model's name, or 'vit' for vision results."""
+    return model_name(str(folder)) if "lang" in folder.parts else "vit"
+
+
+def timing_rows(paths: list[str]) -> dict[tuple[str, str], list[float]]:
+    """(stage, family) -> seconds, from train.json, match.json and merged models' eval JSON."""
+    seconds = defaultdict(list)
+    for path in map(Path, paths):
+        if (path / "train.json").is_file():
+            seconds[("finetune", family_of_folder(path))].append(json.loads((path / "train.json").read_text())["seconds"])
+        elif (path / "match.json").is_file():
+            seconds[("matching", family_of_folder(path))].append(json.loads((path / "match.json").read_text())["seconds"])
+        elif path.suffix == ".json":
+            data = json.loads(path.read_text())
+            if data.get("merge_seconds") is not None and data.get("matching") != "none":
+                seconds[(f"merge_{data['method']}", family_of_folder(path))].append(data["merge_seconds"])
+    return seconds
+
+
+def write_table3(paths: list[str], output_csv: str | Path) -> list[dict]:
+    """Mean seconds per stage and family (fine-tuning per dataset, matching and merging per pair)."""
+    seconds = timing_rows(paths)
+    families = sorted({f for _, f in seconds})
+    paper = {r["stage"]: r for r in read_paper_table("table3")}
+    rows = []
+    for stage in ("finetune", "matching", "merge_simple", "merge_fisher", "merge_regmean"):
+        row = {"stage": stage}
+        row.update({f"ours_{f}": mean(seconds[(stage, f)]) if seconds[(stage, f)] else None for f in families})
+        row.update({f"ours_{f}_n": len(seconds[(stage, f)]) for f in families})
+        row.update({f"paper_{k}": (float(v) if v else None) for k, v in paper.get(stage, {}).items() if k != "stage"})
+        rows.append(row)
+    write_csv(rows, output_csv)
+    text = ("# Table 3: mean seconds per stage (ours on this machine, 2 CPU cores; the paper on an A100 80GB)\n\n"
+            + markdown_table(rows) + "\nOurs: fine-tuning per dataset (vit: training from scratch, which the paper "
+            "does not report), matching and merging per model pair (matched pairs). `_n` = runs averaged.\n\nInputs:\n"
+            + "".join(f"- {p}\n" for p in paths))
+    write_text_atomic(Path(output_csv).with_suffix(".md"), text)
+    return rows
+
+
+# ---------------------------------------------------------------- Figure 6
+
+def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
+    """(a) eval loss vs the single attention layer matched, (b) vs the number of trailing layers matched."""
+    rows = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    for path in sweep_paths:
+        data = read_json(path)
+        model = model_name(path)
+        for task in dict.fromkeys(r["task"] for r in data["rows"]):
+            task_rows = [r for r in data["rows"] if r["task"] == task]
+            base = next(r["loss"] for r in task_rows if r["setting"] == "none")
+            for ax, setting, label in ((axes[0], "single", "index of the single attention layer matched"),
+                                       (axes[1], "tail", "number of trailing attention layers matched")):
+                chosen = [r for r in task_rows if r["setting"] == setting]
+                line, = ax.plot([r["k"] for r in chosen], [r["loss"] for r in chosen], marker="o",
+                                label=f"{task} ({model})")
+                ax.axhline(base, color=line.get_color(), linestyle="--", linewidth=0.8)
+                ax.set_xlabel(label)
+            rows += [{"model": model, "task": task, "setting": r["setting"], "k": r["k"], "loss": r["loss"],
+                      "score": r.get("score")} for r in task_rows]
+    axes[0].set_title("(a) single-layer matching")
+    axes[1].set_title("(b) tail-layers matching")
+    for ax in axes:
+        ax.set_ylabel("eval loss of the averaged model")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, title="task (dashed: no matching)", title_fontsize=8)
+    fig.suptitle("Figure 6: evaluation loss when matching a subset of attention layers (simple averaging)")
+    save_figure(fig, png)
+    write_csv(rows, Path(png).with_suffix(".csv"))
+    return rows

@@ -1,0 +1,179 @@
+# Language track: fine-tune one model per dataset, match and merge pairs (Table 1 in-domain) and the
+# whole NER group (Table 1 out-of-domain), sweep layer subsets (Figure 6). Paths: results/<profile>/lang/<model>/.
+# Pairwise merges copy each evaluated task's head; grouped NER merges fuse the heads (one shared label space).
+
+
+rule finetune:
+    input:
+        f"{RESULTS}/data/{{dataset}}.json",
+    output:
+        directory(f"{LANG_RESULTS}/{{lmodel}}/models/{{dataset}}"),
+    params:
+        profile=PROFILE,
+        seed=LANG.get("seed", 0),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/finetune/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/finetune/{{dataset}}.tsv"
+    threads: LANG.get("train_threads", 1)
+    resources:
+        gpu=1,
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-train task={wildcards.dataset} model={wildcards.lmodel} "
+        "profile={params.profile} seed={params.seed} output={output} threads={threads} > {log} 2>&1"
+
+
+rule lang_match:
+    input:
+        source=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
+        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
+    output:
+        directory(f"{LANG_RESULTS}/{{lmodel}}/matched/{{source}}-onto-{{anchor}}/{{matching}}"),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/match/{{source}}-onto-{{anchor}}/{{matching}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/match/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-match source={input.source} anchor={input.anchor} "
+        "output={output} matching={wildcards.matching} > {log} 2>&1"
+
+
+rule lang_merge_pair:
+    input:
+        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
+        source=lambda w: lang_source_dir(w.lmodel, w.source, w.anchor, w.matching),
+    output:
+        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}")),
+    params:
+        profile=PROFILE,
+        batches=lambda w: fusion_batches_override(w.method),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.tsv"
+    threads: 1
+    resources:
+        gpu=lambda wildcards: 1 if wildcards.method in ("fisher", "regmean") else 0,
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} fusion={wildcards.method} "
+        "{params.batches} profile={params.profile} 'models=[{input.anchor},{input.source}]' "
+        "'tasks=[{wildcards.anchor},{wildcards.source}]' output={output} > {log} 2>&1"
+
+
+rule lang_evaluate_pair:
+    input:
+        merged=f"{LANG_RESULTS}/{{lmodel}}/merged/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}",
+        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
+        source=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
+    output:
+        f"{LANG_RESULTS}/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.json",
+    params:
+        profile=PROFILE,
+    log:
+        f"{LOGS}/lang/{{lmodel}}/evaluate/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/evaluate/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.anchor} profile={params.profile} "
+        "model_dir={input.merged} 'tasks=[{wildcards.anchor},{wildcards.source}]' "
+        "'heads=[{input.anchor},{input.source}]' output={output} > {log} 2>&1"
+
+
+rule lang_merge_group:
+    input:
+        anchor=lambda w: lang_model_dir(w.lmodel, LANG["ner"][0]),
+        sources=lambda w: [lang_source_dir(w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
+    output:
+        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged_group/ner/{{matching}}/{{method}}")),
+    params:
+        profile=PROFILE,
+        ood=LANG_OOD,
+        batches=lambda w: fusion_batches_override(w.method),
+        models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
+        tasks=",".join(LANG.get("ner", [])),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}/{{method}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/merge_group/ner/{{matching}}/{{method}}.tsv"
+    threads: 1
+    resources:
+        gpu=lambda wildcards: 1 if wildcards.method in ("fisher", "regmean") else 0,
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} fusion={wildcards.method} {params.batches} "
+        "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' output={output} > {log} 2>&1"
+
+
+rule lang_evaluate_group:
+    input:
+        f"{LANG_RESULTS}/{{lmodel}}/merged_group/ner/{{matching}}/{{method}}",
+    output:
+        f"{LANG_RESULTS}/{{lmodel}}/eval_group/ner/{{matching}}/{{method}}.json",
+    params:
+        profile=PROFILE,
+        ood=LANG_OOD,
+    log:
+        f"{LOGS}/lang/{{lmodel}}/evaluate_group/ner/{{matching}}/{{method}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/evaluate_group/ner/{{matching}}/{{method}}.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.ood} profile={params.profile} model_dir={input} "
+        "output={output} > {log} 2>&1"
+
+
+rule lang_evaluate_end_model:
+    input:
+        f"{LANG_RESULTS}/{{lmodel}}/models/{{dataset}}",
+    output:
+        f"{LANG_RESULTS}/{{lmodel}}/eval/end/{{dataset}}.json",
+    params:
+        profile=PROFILE,
+        tasks=lambda w: ",".join([w.dataset] + ([LANG_OOD] if w.dataset in LANG.get("ner", []) else [])),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/evaluate/end/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/evaluate/end/{{dataset}}.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.dataset} profile={params.profile} "
+        "model_dir={input} 'tasks=[{params.tasks}]' output={output} > {log} 2>&1"
+
+
+rule layer_sweep:
+    input:
+        anchor=lambda w: lang_model_dir(w.lmodel, LANG["glue"][0]),
+        source=lambda w: lang_model_dir(w.lmodel, LANG["glue"][1]),
+    output:
+        f"{LANG_RESULTS}/{{lmodel}}/layers.json",
+    params:
+        profile=PROFILE,
+        tasks=",".join(LANG.get("glue", [])),
+        matching=LANG.get("matching", "attn_only_no_rescale"),
+        examples=LANG.get("sweep_examples") or "null",
+    log:
+        f"{LOGS}/lang/{{lmodel}}/layers.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/layers.tsv"
+    threads: 2
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-layers anchor={input.anchor} source={input.source} "
+        "'tasks=[{params.tasks}]' matching={params.matching} examples={params.examples} profile={params.profile} "
+        "output={output} > {log} 2>&1"
