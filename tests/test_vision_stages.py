@@ -54,10 +54,10 @@ def test_pipeline_stages_write_their_files(end_models, tmp_path):
         report = json.loads(evals[-1].read_text())
         assert report["method"] == method and 0.0 <= report["metrics"]["accuracy"] <= 1.0
     run("barrier", cli.barrier_command, ["task=digits", f"anchor={root / 'seed0'}", f"source={tmp_path / 'matched'}",
-                                         "points=3", f"output={tmp_path / 'barrier.json'}"])
+                                         "points=3", "examples=100", f"output={tmp_path / 'barrier.json'}"])
     barrier = json.loads((tmp_path / "barrier.json").read_text())
     assert [p["alpha"] for p in barrier["path"]] == [0.0, 0.5, 1.0] and barrier["matching"] == "rotation"
-    assert barrier["barrier"] >= 0.0
+    assert barrier["barrier"] >= 0.0 and {p["n"] for p in barrier["path"]} == {100}
 
 
 def test_merging_a_model_with_itself_changes_nothing(end_models, tmp_path):

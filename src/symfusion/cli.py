@@ -158,7 +158,7 @@ def barrier_command(cfg: DictConfig) -> None:
     from symfusion.barrier import run_barrier
 
     report = run_barrier(cfg.anchor, cfg.source, cfg.task, cfg.output, int(cfg.points), cfg.split,
-                         OmegaConf.to_container(cfg, resolve=True))
+                         OmegaConf.to_container(cfg, resolve=True), examples=cfg.get("examples"))
     print(f"barrier {report['matching']}: {report['barrier']:.4f} -> {cfg.output}")
 
 

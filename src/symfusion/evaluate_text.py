@@ -110,8 +110,8 @@ def collate_text(batch: list[dict], pad_token_id: int = 0) -> dict:
 
 def text_loader(dataset: TextDataset, batch_size: int, **options) -> DataLoader:
     """A DataLoader over a TextDataset with dynamic padding."""
-    return DataLoader(dataset, batch_size=batch_size, collate_fn=partial(collate_text, pad_token_id=dataset.pad_token_id),
-                      **options)
+    collate = partial(collate_text, pad_token_id=dataset.pad_token_id)
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **options)
 
 
 def statistic_batches_text(examples: list[dict], tokenizer, kind: str, max_length: int, batch_size: int,

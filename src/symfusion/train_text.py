@@ -95,7 +95,7 @@ def _replay_schedule(scheduler, steps: int) -> None:
 def _check_inputs(base_model_dir, splits, metric: str, epochs: int, batch_size: int) -> None:
     get_metric(metric, splits.kind)
     if not base_model_dir or not Path(base_model_dir).is_dir():
-        raise SymfusionError(f"base model folder {base_model_dir!r} does not exist; install the encoder or fix the path")
+        raise SymfusionError(f"base model folder {base_model_dir!r} does not exist; install the encoder or fix it")
     for name in ("train", "validation"):
         if not splits.splits.get(name):
             raise SymfusionError(f"the {name} split is empty or missing; check the data source and limits")

@@ -9,6 +9,7 @@ rule barrier:
         f"{RESULTS}/barrier/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}.json",
     params:
         points=VISION["barrier_points"],
+        examples=VISION.get("barrier_examples") or "null",
     log:
         f"{LOGS}/barrier/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
@@ -18,4 +19,4 @@ rule barrier:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} anchor={input.anchor} source={input.source} "
-        "points={params.points} output={output} > {log} 2>&1"
+        "points={params.points} examples={params.examples} output={output} > {log} 2>&1"

@@ -7,7 +7,7 @@ rule table2:
         vision_evals(TABLE2_MATCHINGS)
         + [f"{RESULTS}/eval/{VISION_TASK}/end_models/{m}.json" for m in (ANCHOR_ID, SOURCE_ID)],
     output:
-        csv=f"{RESULTS}/table2.csv",
+        csv=report(f"{RESULTS}/table2.csv", caption="../report/table2.rst", category="Tables"),
         md=f"{RESULTS}/table2.md",
     params:
         inputs=comma_joined,
@@ -25,7 +25,7 @@ rule fig3_ablation:
     input:
         vision_evals(FIG3_MATCHINGS),
     output:
-        png=f"{FIGURES}/fig3_ablation.png",
+        png=report(f"{FIGURES}/fig3_ablation.png", caption="../report/fig3.rst", category="Figures"),
         csv=f"{FIGURES}/fig3_ablation.csv",
     params:
         inputs=comma_joined,
@@ -43,7 +43,7 @@ rule fig4_distance:
     input:
         [f"{RESULTS}/matched/{VISION_TASK}/{VISION_PAIR}/{m}" for m in FIG4_MATCHINGS],
     output:
-        png=f"{FIGURES}/fig4_distance.png",
+        png=report(f"{FIGURES}/fig4_distance.png", caption="../report/fig4.rst", category="Figures"),
         csv=f"{FIGURES}/fig4_distance.csv",
     params:
         inputs=comma_joined,
@@ -61,7 +61,7 @@ rule fig5_barrier:
     input:
         [f"{RESULTS}/barrier/{VISION_TASK}/{VISION_PAIR}/{m}.json" for m in FIG5_MATCHINGS],
     output:
-        png=f"{FIGURES}/fig5_barrier.png",
+        png=report(f"{FIGURES}/fig5_barrier.png", caption="../report/fig5.rst", category="Figures"),
         csv=f"{FIGURES}/fig5_barrier.csv",
     params:
         inputs=comma_joined,
@@ -79,7 +79,7 @@ rule table1:
     input:
         table1_inputs(),
     output:
-        csv=f"{RESULTS}/table1.csv",
+        csv=report(f"{RESULTS}/table1.csv", caption="../report/table1.rst", category="Tables"),
         md=f"{RESULTS}/table1.md",
     params:
         inputs=comma_joined,
@@ -97,7 +97,7 @@ rule table3:
     input:
         table3_inputs(),
     output:
-        csv=f"{RESULTS}/table3.csv",
+        csv=report(f"{RESULTS}/table3.csv", caption="../report/table3.rst", category="Tables"),
         md=f"{RESULTS}/table3.md",
     params:
         inputs=comma_joined,
@@ -115,7 +115,7 @@ rule fig6_layers:
     input:
         [f"{LANG_RESULTS}/{m}/layers.json" for m in LANG_MODELS],
     output:
-        png=f"{FIGURES}/fig6_layers.png",
+        png=report(f"{FIGURES}/fig6_layers.png", caption="../report/fig6.rst", category="Figures"),
         csv=f"{FIGURES}/fig6_layers.csv",
     params:
         inputs=comma_joined,
@@ -127,3 +127,21 @@ rule fig6_layers:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} symfusion-report artefact=fig6 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
+
+
+rule report:
+    input:
+        vision_targets() + language_targets(),
+    output:
+        md=report(f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"),
+        provenance=f"{RESULTS}/provenance.json",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/report.log",
+    benchmark:
+        f"{BENCH}/report/report.tsv"
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=report 'inputs=[{params.inputs}]' output={output.md} > {log} 2>&1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.report import figures, language, tables
+from symfusion.report import audit, figures, language, tables
 
 # artefact name -> function(inputs, output)
 ARTEFACTS = {
@@ -15,6 +15,7 @@ ARTEFACTS = {
     "table1": language.write_table1,
     "table3": language.write_table3,
     "fig6": language.fig6_layers,
+    "report": audit.write_report,
 }
 
 
