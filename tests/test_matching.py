@@ -134,7 +134,7 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
 
 def test_registry_names_match_the_issue_and_each_has_a_config():
     assert set(MATCHING_METHODS) == {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
-                                     "ffn_only", "git_rebasin", "ot_ffn"}
+                                     "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint"}
     from symfusion.cli import CONF_DIR
     assert {p.stem for p in Path(CONF_DIR, "matching").glob("*.yaml")} == set(MATCHING_METHODS)
 

@@ -1,4 +1,4 @@
-"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -report."""
+"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -multimodel, -report."""
 from __future__ import annotations
 
 import sys
@@ -53,7 +53,8 @@ def match_command(cfg: DictConfig) -> None:
     from symfusion.matching import MatchConfig, matching_config
 
     name = cfg.matching.name
-    matching = MatchConfig(attention=cfg.matching.attention, rescale=bool(cfg.matching.rescale), ffn=cfg.matching.ffn)
+    matching = MatchConfig(attention=cfg.matching.attention, rescale=bool(cfg.matching.rescale), ffn=cfg.matching.ffn,
+                           joint=bool(cfg.matching.get("joint", False)))
     if matching_config(name) != matching:
         print(f"note: matching={name} overridden to {matching}", file=sys.stderr)
     report = run_match(
@@ -170,9 +171,22 @@ def layers_command(cfg: DictConfig) -> None:
     if not cfg.get("tasks"):
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK] is required")
     tasks = [_task(cfg, name) for name in _container(cfg.tasks)]
-    report = run_layer_sweep(cfg.anchor, cfg.source, tasks, cfg.matching, cfg.output,
+    report = run_layer_sweep(cfg.anchor, cfg.source, tasks, cfg.matching.name, cfg.output,
                              int(cfg.examples) if cfg.examples else None, OmegaConf.to_container(cfg, resolve=True))
     print(f"layer sweep: {len(report['rows'])} evaluations in {report['seconds']:.0f}s -> {cfg.output}")
+
+
+@report_errors
+def multimodel_command(cfg: DictConfig) -> None:
+    """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR]"""
+    from symfusion.multimodel import run_multimodel
+
+    report = run_multimodel(_container(cfg.models) or [], cfg.output, cfg.matching.name,
+                            OmegaConf.to_container(cfg, resolve=True), output_models_dir=cfg.output_models)
+    anchor, bary = report["methods"]["anchor"], report["methods"]["barycenter"]
+    print(f"{report['k']} models: sum of pairwise distances {report['sum_pairwise_distance_before']:.3f} -> "
+          f"{anchor['sum_pairwise_distance']:.3f} (anchor) / {bary['sum_pairwise_distance']:.3f} (barycenter) "
+          f"-> {cfg.output}")
 
 
 @report_errors
@@ -199,6 +213,7 @@ merge_main = hydra_entry("merge", merge_command)
 evaluate_main = hydra_entry("evaluate", evaluate_command)
 barrier_main = hydra_entry("barrier", barrier_command)
 layers_main = hydra_entry("layers", layers_command)
+multimodel_main = hydra_entry("multimodel", multimodel_command)
 report_main = hydra_entry("report", report_command)
 
 if __name__ == "__main__":

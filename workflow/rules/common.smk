@@ -59,9 +59,16 @@ def lang_source_dir(lmodel, source, anchor, matching):
     return f"{LANG_RESULTS}/{lmodel}/matched/{source}-onto-{anchor}/{matching}"
 
 
-def fusion_batches_override(method):
-    """Hydra override of the number of statistic batches for the methods that read data."""
-    return f"fusion.num_batches={LANG['fusion_batches']}" if method in ("fisher", "regmean") else ""
+def fusion_overrides(lmodel, method, dataset):
+    """Hydra overrides of a language merge: statistic batches, and RegMean's alpha per model and setting
+    (language.regmean_alpha: "<model>/<setting>", then "<model>", then "default"; setting = ner or emotion)."""
+    parts = [f"fusion.num_batches={LANG['fusion_batches']}"] if method in ("fisher", "regmean") else []
+    if method == "regmean":
+        alphas = LANG.get("regmean_alpha") or {}
+        setting = "ner" if dataset in LANG.get("ner", []) else "emotion"
+        alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
+        parts += [f"fusion.alpha={alpha}"] if alpha is not None else []
+    return " ".join(parts)
 
 
 def lang_pairs(datasets):
@@ -97,7 +104,17 @@ def table3_inputs():
     return files
 
 
+def multimodel_inputs():
+    """Per language model: the multi-model report, and the barycentre and anchor grouped simple merges' evals."""
+    files = []
+    for lmodel in LANG_MODELS:
+        files += [f"{LANG_RESULTS}/{lmodel}/multimodel.json", f"{LANG_RESULTS}/{lmodel}/eval_barycenter/ner/simple.json",
+                  f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{LANG_MATCHINGS[1]}/simple.json"]
+    return files
+
+
 def language_targets():
     if not LANG_MODELS:
         return []
-    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png"]
+    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png",
+            f"{RESULTS}/multimodel.csv"]

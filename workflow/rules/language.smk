@@ -51,7 +51,7 @@ rule lang_merge_pair:
         temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}")),
     params:
         profile=PROFILE,
-        batches=lambda w: fusion_batches_override(w.method),
+        batches=lambda w: fusion_overrides(w.lmodel, w.method, w.anchor),
     log:
         f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.log",
     benchmark:
@@ -98,7 +98,7 @@ rule lang_merge_group:
     params:
         profile=PROFILE,
         ood=LANG_OOD,
-        batches=lambda w: fusion_batches_override(w.method),
+        batches=lambda w: fusion_overrides(w.lmodel, w.method, LANG["ner"][0]),
         models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
         tasks=",".join(LANG.get("ner", [])),
     log:
@@ -176,4 +176,69 @@ rule layer_sweep:
     shell:
         "OMP_NUM_THREADS={threads} symfusion-layers anchor={input.anchor} source={input.source} "
         "'tasks=[{params.tasks}]' matching={params.matching} examples={params.examples} profile={params.profile} "
+        "output={output} > {log} 2>&1"
+
+
+# Beyond the paper (Appendix D's open problems): the NER group matched by anchor vs barycentric
+# (generalized Procrustes) matching, simple-merged and evaluated out of domain; joint vs sequential
+# rotation+rescaling for every pair.
+rule multimodel:
+    input:
+        lambda w: [lang_model_dir(w.lmodel, d) for d in LANG["ner"]],
+    output:
+        report=f"{LANG_RESULTS}/{{lmodel}}/multimodel.json",
+        models=temp(directory(f"{LANG_RESULTS}/{{lmodel}}/barycenter/ner")),
+    params:
+        models=lambda w, input: ",".join(input),
+        matching=LANG.get("matching", "attn_only_no_rescale"),
+    log:
+        f"{LOGS}/lang/{{lmodel}}/multimodel.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/multimodel.tsv"
+    threads: 2
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching={params.matching} "
+        "output={output.report} output_models={output.models} > {log} 2>&1"
+
+
+rule multimodel_merge:
+    input:
+        f"{LANG_RESULTS}/{{lmodel}}/barycenter/ner",
+    output:
+        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged_barycenter/ner/simple")),
+    params:
+        models=lambda w, input: ",".join(f"{input[0]}/{i}" for i in range(len(LANG["ner"]))),
+        profile=PROFILE,
+        ood=LANG_OOD,
+    log:
+        f"{LOGS}/lang/{{lmodel}}/merge_barycenter/ner/simple.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/merge_barycenter/ner/simple.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} fusion=simple profile={params.profile} "
+        "'models=[{params.models}]' output={output} > {log} 2>&1"
+
+
+rule multimodel_evaluate:
+    input:
+        f"{LANG_RESULTS}/{{lmodel}}/merged_barycenter/ner/simple",
+    output:
+        f"{LANG_RESULTS}/{{lmodel}}/eval_barycenter/ner/simple.json",
+    params:
+        profile=PROFILE,
+        ood=LANG_OOD,
+    log:
+        f"{LOGS}/lang/{{lmodel}}/evaluate_barycenter/ner/simple.log",
+    benchmark:
+        f"{BENCH}/lang/{{lmodel}}/evaluate_barycenter/ner/simple.tsv"
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.ood} profile={params.profile} model_dir={input} "
         "output={output} > {log} 2>&1"

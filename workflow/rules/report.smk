@@ -129,6 +129,24 @@ rule fig6_layers:
         "OMP_NUM_THREADS={threads} symfusion-report artefact=fig6 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
 
 
+rule multimodel_table:
+    input:
+        multimodel_inputs(),
+    output:
+        csv=report(f"{RESULTS}/multimodel.csv", caption="../report/multimodel.rst", category="Tables"),
+        md=f"{RESULTS}/multimodel.md",
+    params:
+        inputs=comma_joined,
+    log:
+        f"{LOGS}/report/multimodel.log",
+    benchmark:
+        f"{BENCH}/report/multimodel.tsv"
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} symfusion-report artefact=multimodel 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+
+
 rule report:
     input:
         vision_targets() + language_targets(),

@@ -12,11 +12,14 @@ from typing import Mapping
 
 import torch
 
-from symfusion.arch import AttentionLayout, ModelLayout, check_same_layout, resolve_layers
+from symfusion.arch import ModelLayout, check_same_layout, resolve_layers
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
 from symfusion.matching.permutation import match_ffn_permutation
-from symfusion.matching.rescale import best_scales, squared_norms
+from symfusion.matching.joint import match_attention_joint
+from symfusion.matching.joint import qk_norms as _source_norms_qk
+from symfusion.matching.joint import vo_norms as _source_norms_vo
+from symfusion.matching.rescale import best_scales
 from symfusion.matching.rotation import (
     frobenius_inner,
     procrustes,
@@ -31,11 +34,16 @@ FFN_CHOICES = ("none", "permutation", "ot")
 
 @dataclass(frozen=True)
 class MatchConfig:
-    """What to match: attention by rotation/permutation, rescaling, FFN by permutation/OT."""
+    """What to match: attention by rotation/permutation, rescaling, FFN by permutation/OT.
+
+    joint=True optimises rotation and rescaling together (matching/joint.py) instead of
+    rotation first and rescaling after (the paper's order).
+    """
 
     attention: str = "rotation"
     rescale: bool = True
     ffn: str = "permutation"
+    joint: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTION_CHOICES:
@@ -44,6 +52,8 @@ class MatchConfig:
             raise SymfusionError(f"matching.ffn={self.ffn!r}; choose one of {FFN_CHOICES}")
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
+        if self.joint and not (self.attention == "rotation" and self.rescale):
+            raise SymfusionError("matching.joint=true needs matching.attention=rotation and matching.rescale=true")
 
 
 # The matching variants the paper and its baselines use, by name.
@@ -57,6 +67,8 @@ MATCHING_METHODS: dict[str, MatchConfig] = {
     "ffn_only": MatchConfig(attention="none", rescale=False, ffn="permutation"),
     "git_rebasin": MatchConfig(attention="permutation", rescale=False, ffn="permutation"),
     "ot_ffn": MatchConfig(attention="none", rescale=False, ffn="ot"),
+    # Appendix D's open problem: rotation and rescaling optimised jointly (alternating), FFN permutation
+    "rotation_joint": MatchConfig(attention="rotation", rescale=True, ffn="permutation", joint=True),
 }
 
 
@@ -69,26 +81,8 @@ def matching_config(name: str) -> MatchConfig:
 @dataclass
 class MatchResult:
     transform: Transform
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage: qk, vo, rescale, ffn
-
-
-def _source_norms_qk(source: Mapping, att: AttentionLayout, heads: int):
-    """Per-head squared norms of the query-like side and the key-like side, (H,) each."""
-    def side(projections):
-        parts = [source[p.weight].reshape(heads, -1) for p in projections]
-        parts += [source[p.bias].reshape(heads, -1) for p in projections if p.bias is not None]
-        return squared_norms(parts)
-    return side(att.query_like), side(att.key_like)
-
-
-def _source_norms_vo(source: Mapping, att: AttentionLayout, heads: int):
-    """Per-head squared norms of the value side (weight + bias) and the output columns, (H,) each."""
-    value = [source[att.value.weight].reshape(heads, -1)]
-    if att.value.bias is not None:
-        value.append(source[att.value.bias].reshape(heads, -1))
-    output = source[att.output.weight]
-    output = output.reshape(output.shape[0], heads, -1).transpose(0, 1)   # (H, n, d)
-    return squared_norms(value), squared_norms([output])
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage: qk, vo, rescale, joint, ffn
+    joint: dict[int, dict] = field(default_factory=dict)      # per layer (joint=True): match_attention_joint's info
 
 
 def match_attention_rotation(source, anchor, att, heads, rescale, clock) -> LayerTransform:
@@ -127,9 +121,17 @@ class StageClock:
         self.seconds[self._stage] += time.perf_counter() - self._start
 
 
-def match_layer(source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock) -> LayerTransform:
+def match_layer(
+    source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock, record: dict | None = None
+) -> LayerTransform:
+    """One layer's transform; with config.joint the joint solver's info goes to record[index]."""
     layer, heads = layout.layers[index], layout.num_heads
-    if config.attention == "rotation":
+    if config.joint:
+        with clock("joint"):
+            t, info = match_attention_joint(source, anchor, layer.attention, heads)
+        if record is not None:
+            record[index] = info
+    elif config.attention == "rotation":
         t = match_attention_rotation(source, anchor, layer.attention, heads, config.rescale, clock)
     elif config.attention == "permutation":
         with clock("qk+vo"):
@@ -160,12 +162,12 @@ def match_models(
     if anchor_layout is not None:
         check_same_layout(layout, anchor_layout)
     clock = StageClock()
-    transform = Transform()
+    transform, joint = Transform(), {}
     for i in resolve_layers(layout.num_layers, layers, last_layers):
-        t = match_layer(source, anchor, layout, i, config, clock)
+        t = match_layer(source, anchor, layout, i, config, clock, joint)
         if not t.is_identity():
             transform.layers[i] = t
-    return MatchResult(transform=transform, seconds=dict(clock.seconds))
+    return MatchResult(transform=transform, seconds=dict(clock.seconds), joint=joint)
 
 
 def match_many(sources: list, anchor: Mapping, layout: ModelLayout, config="rotation", **kwargs) -> list[MatchResult]:

@@ -15,6 +15,7 @@ ARTEFACTS = {
     "table1": language.write_table1,
     "table3": language.write_table3,
     "fig6": language.fig6_layers,
+    "multimodel": language.write_multimodel,
     "report": audit.write_report,
 }
 

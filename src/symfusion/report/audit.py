@@ -101,6 +101,14 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
     if (figures / "fig5_barrier.csv").is_file():
         barriers = {r["matching"]: float(r["barrier"]) for r in read_csv_rows(figures / "fig5_barrier.csv")}
         lines.append("Figure 5: loss barriers " + ", ".join(f"{m} {b:.3f}" for m, b in barriers.items()) + ".")
+    if (results / "multimodel.csv").is_file():
+        rows = [r for r in read_csv_rows(results / "multimodel.csv") if r["comparison"] == "group matching"]
+        cells = {r["variant"]: r for r in rows}
+        if {"anchor", "barycenter"} <= set(cells):
+            a, b = cells["anchor"], cells["barycenter"]
+            lines.append(f"Beyond the paper: barycentric matching of the NER group gives a sum of pairwise distances "
+                         f"{float(b['sum_pairwise_distance']):.3f} vs {float(a['sum_pairwise_distance']):.3f} with anchor "
+                         f"matching; OOD score of the simple merge {b['merged_ood_score']} vs {a['merged_ood_score']}.")
     if (results / "table3.csv").is_file():
         rows = {r["stage"]: r for r in read_csv_rows(results / "table3.csv")}
         cells = [f"{k[5:]} {float(v):.2f}s" for k, v in rows.get("matching", {}).items()
@@ -145,6 +153,7 @@ def write_report(inputs: list[str], output: str | Path) -> list[str]:
             table_section(results, "table1", "Table 1: language fusion (in-domain and out-of-domain)"),
             table_section(results, "table2", "Table 2: vision fusion, six methods with and without matching"),
             table_section(results, "table3", "Table 3: runtimes"),
+            table_section(results, "multimodel", "Beyond the paper: multi-model (barycentric) and joint matching"),
             "## Figures\n"]
     for name, caption in FIGURES.items():
         if (figures_abs / name).is_file():

@@ -119,7 +119,10 @@ def write_table3(paths: list[str], output_csv: str | Path) -> list[dict]:
 # ---------------------------------------------------------------- Figure 6
 
 def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
-    """(a) eval loss vs the single attention layer matched, (b) vs the number of trailing layers matched."""
+    """(a) eval-loss change vs the single attention layer matched, (b) vs the number of trailing layers matched.
+
+    Plotted as the change from the unmatched average (below zero: matching helps); the CSV has absolute losses.
+    """
     rows = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
     for path in sweep_paths:
@@ -131,19 +134,62 @@ def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
             for ax, setting, label in ((axes[0], "single", "index of the single attention layer matched"),
                                        (axes[1], "tail", "number of trailing attention layers matched")):
                 chosen = [r for r in task_rows if r["setting"] == setting]
-                line, = ax.plot([r["k"] for r in chosen], [r["loss"] for r in chosen], marker="o",
-                                label=f"{task} ({model})")
-                ax.axhline(base, color=line.get_color(), linestyle="--", linewidth=0.8)
+                ax.plot([r["k"] for r in chosen], [r["loss"] - base for r in chosen], marker="o",
+                        label=f"{task} ({model}; unmatched loss {base:.4f})")
                 ax.set_xlabel(label)
             rows += [{"model": model, "task": task, "setting": r["setting"], "k": r["k"], "loss": r["loss"],
                       "score": r.get("score")} for r in task_rows]
     axes[0].set_title("(a) single-layer matching")
     axes[1].set_title("(b) tail-layers matching")
     for ax in axes:
-        ax.set_ylabel("eval loss of the averaged model")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_ylabel("eval loss change vs no matching")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8, title="task (dashed: no matching)", title_fontsize=8)
+    axes[1].legend(fontsize=8, title="task (model; loss without matching)", title_fontsize=8)
     fig.suptitle("Figure 6: evaluation loss when matching a subset of attention layers (simple averaging)")
     save_figure(fig, png)
     write_csv(rows, Path(png).with_suffix(".csv"))
+    return rows
+
+
+# ---------------------------------------------------------------- beyond the paper: multi-model and joint matching
+
+def multimodel_rows(paths: list[str]) -> list[dict]:
+    """Rows per language model: anchor vs barycenter (distances, OOD score of the simple merge), and joint gains."""
+    rows = []
+    by_model = defaultdict(dict)
+    for path in paths:
+        data = read_json(path)
+        role = ("report" if "methods" in data else "barycenter" if "/eval_barycenter/" in path else "anchor")
+        by_model[model_name(path)][role] = data
+    for model, parts in sorted(by_model.items()):
+        report = parts["report"]
+        for method in ("anchor", "barycenter"):
+            summary, merged = report["methods"][method], parts.get(method)
+            rows.append({"model": model, "comparison": "group matching", "variant": method, "k": report["k"],
+                         "matching": report["matching"], "sum_pairwise_distance": summary["sum_pairwise_distance"],
+                         "distance_before": report["sum_pairwise_distance_before"],
+                         "iterations": summary["iterations"], "seconds": summary["seconds"],
+                         "merged_ood_score": 100 * merged["metrics"]["score"] if merged else None})
+        for pair in report["joint_vs_sequential"]:
+            rows.append({"model": model, "comparison": "joint vs sequential",
+                         "variant": f"pair {pair['source']}->{pair['anchor']}", "k": 2, "matching": "rotation(_joint)",
+                         "sum_pairwise_distance": pair["distance_rotation_joint"],
+                         "distance_before": pair["distance_rotation"], "iterations": None, "seconds": None,
+                         "merged_ood_score": None, "relative_gain": pair["relative_gain"]})
+    return rows
+
+
+def write_multimodel(paths: list[str], output_csv: str | Path) -> list[dict]:
+    rows = multimodel_rows(paths)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    write_csv([{c: row.get(c) for c in columns} for row in rows], output_csv)
+    text = ("# Beyond the paper: multi-model and joint matching\n\n" + markdown_table(rows, columns) +
+            "\n`group matching`: the NER models matched onto the first (anchor) or jointly to their barycentre "
+            "(generalized Procrustes), sum of pairwise Euclidean distances after matching (`distance_before`: "
+            "unmatched), and the out-of-domain score (x100) of their simple average. `joint vs sequential`: "
+            "distance of one pair after the paper's sequential rotation-then-rescaling (`distance_before`) and "
+            "after alternating both to convergence (`sum_pairwise_distance`).\n\nInputs:\n"
+            + "".join(f"- {p}\n" for p in paths))
+    write_text_atomic(Path(output_csv).with_suffix(".md"), text)
     return rows

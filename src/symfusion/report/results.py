@@ -74,5 +74,5 @@ def _cell(value) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, float):
-        return f"{value:.2f}"
+        return f"{value:.4g}" if 0 < abs(value) < 1 else f"{value:.2f}"
     return str(value)

@@ -1,0 +1,130 @@
+"""The multi-model matching stage: anchor vs barycentric matching of k models, joint vs sequential rescaling.
+
+Loads k model folders (the first is the anchor), matches them with method=anchor (every model
+onto the first) and method=barycenter (matching/multi.py), and records the sum of pairwise
+distances and the seconds of each; for every pair it also records how much closer joint
+rotation+rescaling (rotation_joint) brings the two models than the paper's sequential order
+(rotation). Writes one JSON, and optionally the barycentrically matched model folders.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from symfusion.arch import check_compatible, check_finite, check_same_layout, layout_of
+from symfusion.errors import SymfusionError
+from symfusion.matching import match_models, matching_config
+from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
+from symfusion.measures import distance, model_outputs, probe_inputs
+from symfusion.modelio import atomic_directory, copy_auxiliary_files, load_config, load_model, write_json_atomic
+from symfusion.provenance import provenance
+from symfusion.symmetry import apply_transform
+
+
+def load_group(model_dirs: list[str]):
+    """(dirs, models, states, layout) for k >= 2 compatible, finite model folders."""
+    if not model_dirs or len(model_dirs) < 2:
+        raise SymfusionError(f"models=[ANCHOR,MODEL,...] needs at least two model folders, got {len(model_dirs or [])}")
+    dirs = [Path(p) for p in model_dirs]
+    for path in dirs:
+        if not path.is_dir():
+            raise SymfusionError(f"model folder {path} does not exist")
+    configs = [load_config(p) for p in dirs]
+    for path, config in zip(dirs[1:], configs[1:]):
+        check_compatible(config, configs[0], str(path), str(dirs[0]))
+    models = [load_model(p) for p in dirs]
+    states = [m.state_dict() for m in models]
+    for path, state in zip(dirs, states):
+        check_finite(state, f"model {path}")
+    layouts = [layout_of(m.config, s) for m, s in zip(models, states)]
+    for layout in layouts[1:]:
+        check_same_layout(layout, layouts[0])
+    return dirs, models, states, layouts[0]
+
+
+def method_summary(states, layout, matching: str, method: str):
+    """(summary dict, matched states) for one multi-model method."""
+    start = time.perf_counter()
+    result = match_group(states, layout, matching, method)
+    matched = [apply_transform(s, layout, t) for s, t in zip(states, result.transforms)]
+    seconds = time.perf_counter() - start
+    distances = pairwise_distances(matched)
+    summary = {
+        "sum_pairwise_distance": sum(distances), "pairwise_distances": distances,
+        "sum_pairwise_sq_distance": pairwise_sq(matched),
+        "iterations": result.info["iterations"], "objective": result.info["objective"], "seconds": seconds,
+    }
+    return summary, matched, result.transforms
+
+
+def joint_gains(states, layout) -> list[dict]:
+    """For every pair i < j: distance of model j matched onto model i by rotation vs rotation_joint."""
+    pairs = []
+    for i in range(len(states)):
+        for j in range(i + 1, len(states)):
+            after = {}
+            for name in ("rotation", "rotation_joint"):
+                moved = apply_transform(states[j], layout, match_models(states[j], states[i], layout, name).transform)
+                after[name] = distance(moved, states[i], layout)
+            sequential, joint = after["rotation"]["total"], after["rotation_joint"]["total"]
+            pairs.append({
+                "anchor": i, "source": j, "distance_rotation": sequential, "distance_rotation_joint": joint,
+                "gain": sequential - joint, "relative_gain": (sequential - joint) / sequential if sequential else 0.0,
+                "by_module_rotation": after["rotation"], "by_module_rotation_joint": after["rotation_joint"],
+            })
+    return pairs
+
+
+def write_models(dirs, models, matched, transforms, output_models_dir, max_relative_output_change: float) -> list[dict]:
+    """Save every matched model into <output_models_dir>/<i> after checking it computes the original function."""
+    written = []
+    for i, (path, model, state, transform) in enumerate(zip(dirs, models, matched, transforms)):
+        inputs = probe_inputs(model.config, seed=0)
+        before = model_outputs(model, inputs)
+        model.load_state_dict(state)
+        change = (model_outputs(model, inputs) - before).abs().max().item()
+        relative = change / max(1.0, before.abs().max().item())
+        if relative > max_relative_output_change:
+            raise SymfusionError(f"matched model {i} ({path}) changes its outputs by {change:.3g} (relative "
+                                 f"{relative:.3g}); not writing {output_models_dir}. Run in float64 or report a bug")
+        target = Path(output_models_dir) / str(i)
+        with atomic_directory(target) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            copy_auxiliary_files(path, tmp)
+            transform.save(tmp / "transform.safetensors")
+        written.append({"model": str(path), "output": str(target), "max_output_change": change})
+    return written
+
+
+@torch.no_grad()
+def run_multimodel(
+    model_dirs: list[str], output: str, matching: str = "rotation", resolved_config: dict | None = None,
+    output_models_dir: str | None = None, max_relative_output_change: float = 1e-3,
+) -> dict:
+    """Compare anchor and barycentric matching of k models (and joint vs sequential per pair); write `output`."""
+    if not output:
+        raise SymfusionError("output=FILE.json is required (where the multi-model matching report is written)")
+    config = matching_config(matching)
+    dirs, models, states, layout = load_group(model_dirs)
+    before = pairwise_distances(states)
+    methods, matched_by_method = {}, {}
+    for method in METHODS:
+        methods[method], matched, transforms = method_summary(states, layout, config, method)
+        matched_by_method[method] = (matched, transforms)
+    report = {
+        "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching, "family": layout.family,
+        "sum_pairwise_distance_before": sum(before), "pairwise_distances_before": before,
+        "sum_pairwise_sq_distance_before": pairwise_sq(states),
+        "methods": methods,
+        "barycenter_gain": methods["anchor"]["sum_pairwise_distance"] - methods["barycenter"]["sum_pairwise_distance"],
+        "joint_vs_sequential": joint_gains(states, layout),
+        "provenance": provenance(resolved_config),
+    }
+    if output_models_dir:       # last: load_state_dict writes into the tensors `states` hold
+        matched, transforms = matched_by_method["barycenter"]
+        report["output_models"] = write_models(dirs, models, matched, transforms, output_models_dir,
+                                               max_relative_output_change)
+    write_json_atomic(report, output)
+    return report
