@@ -46,3 +46,8 @@ def test_changed_words_and_row_counts_are_reported(tmp_path, capsys):
 def test_missing_run_dir_is_a_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith("error:")
+
+
+def test_timing_columns_are_not_compared(tmp_path):
+    row = dict(ROW, seconds="1.0")
+    assert main(run_dirs(tmp_path, [dict(row, seconds="9.0")], [row]) + ["--exact"]) == 0

@@ -1,6 +1,7 @@
 """Loading and atomically saving model folders (save_pretrained + safetensors) and result JSON."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -57,11 +58,18 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
     return model.eval()
 
 
+def remove_stale(parent: Path, prefix: str) -> None:
+    """Delete temp files/folders `prefix*` in `parent` left by a killed writer of the same output."""
+    for stale in parent.glob(f"{glob.escape(prefix)}*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_directory(output: str | Path):
     """Yield a temp dir beside `output`; on success it replaces `output` in one rename."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(output.parent, f".{output.name}.tmp-")
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         yield tmp
@@ -93,8 +101,13 @@ def copy_auxiliary_files(source: str | Path, target: str | Path) -> None:
 def write_json_atomic(data: dict, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-    os.replace(tmp, path)
+    remove_stale(path.parent, f".{path.name}.tmp-")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
