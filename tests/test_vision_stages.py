@@ -53,8 +53,9 @@ def test_pipeline_stages_write_their_files(end_models, tmp_path):
         run("evaluate", cli.evaluate_command, ["task=digits", f"model_dir={merged}", f"output={evals[-1]}"])
         report = json.loads(evals[-1].read_text())
         assert report["method"] == method and 0.0 <= report["metrics"]["accuracy"] <= 1.0
-    run("barrier", cli.barrier_command, ["task=digits", f"anchor={root / 'seed0'}", f"source={tmp_path / 'matched'}",
-                                         "points=3", "examples=100", f"output={tmp_path / 'barrier.json'}"])
+    run("barrier", cli.barrier_command, ["task=digits", "task.limit={train: 1000}", f"anchor={root / 'seed0'}",
+                                         f"source={tmp_path / 'matched'}", "points=3", "examples=100",
+                                         f"output={tmp_path / 'barrier.json'}"])
     barrier = json.loads((tmp_path / "barrier.json").read_text())
     assert [p["alpha"] for p in barrier["path"]] == [0.0, 0.5, 1.0] and barrier["matching"] == "rotation"
     assert barrier["barrier"] >= 0.0 and {p["n"] for p in barrier["path"]} == {100}

@@ -62,8 +62,9 @@ def run_barrier(anchor: str, source: str, task, output: str, points: int = 11, s
     source_state = {k: v.detach().clone() for k, v in source_model.state_dict().items()}
     start = time.perf_counter()
     if examples:   # a fixed leading subset of the split: 11 points x 4 paths x 10,000 images is slow on a laptop
-        limit = OmegaConf.to_container(task.limit) if task.get("limit") else {}
-        task = OmegaConf.merge(task, {"limit": {**limit, split: int(examples)}})
+        plain = OmegaConf.to_container(task, resolve=True)        # Hydra's configs are struct: no new keys
+        plain["limit"] = {**(plain.get("limit") or {}), split: int(examples)}
+        task = OmegaConf.create(plain)
     result = loss_path(source_model, anchor_state, source_state, lambda m: evaluate_split(m, task, split), points)
     report = {
         "anchor": anchor, "source": source, "matching": matching_of(Path(source)), "task": task.name,
