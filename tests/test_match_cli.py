@@ -1,6 +1,5 @@
 """The match stage end to end: outputs, JSON fields, atomic writes and one-line errors."""
 import json
-import shutil
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from symfusion.matching import matching_config
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.modelio import load_model
 from symfusion.symmetry import Transform, apply_transform
-from tiny_models import VARIANT_IDS, VARIANTS, tiny_config, tiny_model
+from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
 
 REQUIRED_FIELDS = {"distance_before", "distance_after", "max_output_change", "seconds", "provenance", "layers"}
 

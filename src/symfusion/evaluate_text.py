@@ -163,10 +163,11 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
     if len(dataset) == 0:
         raise SymfusionError("the evaluation split is empty; check the task's limit settings")
     model.eval()
+    device = next(model.parameters()).device
     loss_sum, count, predictions, references = 0.0, 0, [], []
     for batch in text_loader(dataset, batch_size, shuffle=False):
         labels = batch.pop("labels")
-        logits = model(**batch).logits
+        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.cpu()
         parts = _batch_loss_and_outputs(logits, labels, kind)
         loss_sum, count = loss_sum + parts[0], count + parts[1]
         predictions += parts[2]

@@ -13,31 +13,23 @@ from pathlib import Path
 
 import torch
 
-from symfusion.arch import check_compatible, check_finite, check_same_layout, layout_of
+from symfusion.arch import check_same_layout, layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import match_models, matching_config
 from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
 from symfusion.measures import distance, model_outputs, probe_inputs
-from symfusion.modelio import atomic_directory, copy_auxiliary_files, load_config, load_model, write_json_atomic
+from symfusion.modelio import atomic_directory, copy_auxiliary_files, write_json_atomic
 from symfusion.provenance import provenance
 from symfusion.symmetry import apply_transform
 
 
 def load_group(model_dirs: list[str]):
     """(dirs, models, states, layout) for k >= 2 compatible, finite model folders."""
-    if not model_dirs or len(model_dirs) < 2:
-        raise SymfusionError(f"models=[ANCHOR,MODEL,...] needs at least two model folders, got {len(model_dirs or [])}")
+    from symfusion.merge import load_models
+
+    models = load_models(model_dirs)            # existence, compatibility, finiteness, equal shapes
     dirs = [Path(p) for p in model_dirs]
-    for path in dirs:
-        if not path.is_dir():
-            raise SymfusionError(f"model folder {path} does not exist")
-    configs = [load_config(p) for p in dirs]
-    for path, config in zip(dirs[1:], configs[1:]):
-        check_compatible(config, configs[0], str(path), str(dirs[0]))
-    models = [load_model(p) for p in dirs]
     states = [m.state_dict() for m in models]
-    for path, state in zip(dirs, states):
-        check_finite(state, f"model {path}")
     layouts = [layout_of(m.config, s) for m, s in zip(models, states)]
     for layout in layouts[1:]:
         check_same_layout(layout, layouts[0])

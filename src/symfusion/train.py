@@ -112,6 +112,21 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
 
 # ---------------------------------------------------------------- training
 
+def train_epoch(loader, optimizer, scheduler, description: str, batch_loss) -> float:
+    """One pass over `loader` (the caller sets train mode): step on batch_loss(batch); the mean training loss."""
+    running = 0.0
+    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False)
+    for batch in bar:
+        loss = batch_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        running += loss.item()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    return running / len(loader)
+
+
 def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed: int, epochs: int,
                            batch_size: int, lr: float, weight_decay: float, warmup_ratio: float,
                            eval_batch_size: int = 512, augmentation: bool = False,
@@ -143,23 +158,17 @@ def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed:
                 scheduler.step()
         print(f"resumed from {checkpoint} after epoch {start_epoch}", flush=True)
     start = time.perf_counter()
+    def batch_loss(batch):
+        pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]
+        return model(pixel_values=pixels.to(device), labels=batch["labels"].to(device)).loss
+
     for epoch in range(start_epoch, epochs):
         model.train()
-        running = 0.0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", mininterval=5.0, leave=False)
-        for batch in bar:
-            pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]
-            loss = model(pixel_values=pixels.to(device), labels=batch["labels"].to(device)).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            running += loss.item()
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        train_loss = train_epoch(loader, optimizer, scheduler, f"epoch {epoch + 1}/{epochs}", batch_loss)
         metrics = evaluate_image_classifier(model, validation_set, eval_batch_size)
-        history.append({"epoch": epoch + 1, "train_loss": running / len(loader),
+        history.append({"epoch": epoch + 1, "train_loss": train_loss,
                         "validation_accuracy": metrics["accuracy"], "validation_loss": metrics["loss"]})
-        print(f"epoch {epoch + 1}/{epochs}: train loss {running / len(loader):.4f}, "
+        print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, "
               f"validation accuracy {metrics['accuracy']:.4f}", flush=True)
         if metrics["accuracy"] > best["accuracy"]:
             best = {"accuracy": metrics["accuracy"], "epoch": epoch + 1,

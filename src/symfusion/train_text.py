@@ -11,14 +11,13 @@ from pathlib import Path
 
 import torch
 import transformers
-from tqdm import tqdm
 
 from symfusion.errors import SymfusionError
 from symfusion.evaluate_text import encode_examples, evaluate_text_model, text_loader
-from symfusion.modelio import atomic_directory, load_config, write_json_atomic
+from symfusion.modelio import atomic_directory, compute_device, load_config, to_device, write_json_atomic
 from symfusion.provenance import provenance
 from symfusion.text_metrics import get_metric
-from symfusion.train import _checkpoint_dir, load_checkpoint, save_checkpoint
+from symfusion.train import _checkpoint_dir, load_checkpoint, save_checkpoint, train_epoch
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -69,22 +68,6 @@ def _rank(score: float) -> float:
     return -math.inf if score is None or math.isnan(score) else score
 
 
-def _train_epoch(model, loader, optimizer, scheduler, description: str) -> float:
-    """One pass over the training loader (model in train mode: default dropout); mean training loss."""
-    model.train()
-    running = 0.0
-    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False)
-    for batch in bar:
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        running += loss.item()
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    return running / len(loader)
-
-
 def _replay_schedule(scheduler, steps: int) -> None:
     with warnings.catch_warnings():                  # replaying the schedule, no optimizer step needed
         warnings.simplefilter("ignore", UserWarning)
@@ -114,7 +97,8 @@ def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int,
     train_set = encode_examples(splits.splits["train"], tokenizer, kind, max_length, num_labels)
     validation_set = encode_examples(splits.splits["validation"], tokenizer, kind, max_length, num_labels)
     torch.manual_seed(seed)
-    model = build_text_model(base_model_dir, kind, names)
+    device = compute_device()
+    model = build_text_model(base_model_dir, kind, names).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
     loader = text_loader(train_set, batch_size, shuffle=True, generator=generator)
@@ -133,7 +117,9 @@ def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int,
     start, epoch_seconds = time.perf_counter(), []
     for epoch in range(start_epoch, epochs):
         tick = time.perf_counter()
-        train_loss = _train_epoch(model, loader, optimizer, scheduler, f"epoch {epoch + 1}/{epochs}")
+        model.train()                                # default dropout while fine-tuning
+        train_loss = train_epoch(loader, optimizer, scheduler, f"epoch {epoch + 1}/{epochs}",
+                                 lambda batch: model(**to_device(batch, device)).loss)
         epoch_seconds.append(time.perf_counter() - tick)
         scores = evaluate_text_model(model, tokenizer, validation_set, kind, max_length, metric,
                                      eval_batch_size, label_names=names)
@@ -143,10 +129,10 @@ def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int,
               f"{scores['score']:.4f}", flush=True)
         if best["epoch"] is None or _rank(scores["score"]) > _rank(best["score"]):
             best = {"score": scores["score"], "epoch": epoch + 1,
-                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+                    "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
         save_checkpoint(checkpoint, model, optimizer, epoch + 1, best, history, fingerprint, generator)
     model.load_state_dict(best["state"])
-    model.eval()
+    model.to("cpu").eval()
     seconds = time.perf_counter() - start
     report = {"seed": seed, "epochs": epochs, "kind": kind, "metric": metric, "label_names": names,
               "base_model": str(base_model_dir), "schedule": SCHEDULE, "best_epoch": best["epoch"],

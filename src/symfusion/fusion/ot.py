@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-import ot
 import torch
 
 from symfusion.arch import ModelLayout, Projection, check_compatible, check_same_layout, layout_of
@@ -283,6 +282,8 @@ def transport_maps(cost: torch.Tensor, reg: float | None) -> torch.Tensor:
 
 
 def _transport_map(cost: np.ndarray, reg: float | None) -> torch.Tensor:
+    import ot  # POT imports scikit-learn (~1.5 s): only merges that use OT pay for it
+
     n, m = cost.shape
     top = cost.max()
     cost = cost / top if top > 0 else cost

@@ -63,7 +63,7 @@ def alternate(norm_up, norm_down, cross_up, cross_down, const, max_iter=MAX_ITER
     norm_*, const: (H,) float64; cross_*: (H, d, d). Iteration 1 (a = 1, then the quartic) is
     the sequential method; the best iterate per head is kept, so the result is never worse.
     """
-    best_r, best_a, best_f = None, None, None
+    best_r, best_a, best_f, a = None, None, None, None
     history = []                                   # the objective after each iteration, summed over heads
     for step in range(max_iter):
         # a = 1 in the first step, with the sum formed exactly as the sequential method forms it
