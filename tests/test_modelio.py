@@ -33,3 +33,14 @@ def test_an_interrupted_directory_write_keeps_the_old_output(tmp_path):
             raise KeyboardInterrupt
     assert (tmp_path / "model" / "v").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_output_folders_get_the_usual_permissions(tmp_path):
+    import os
+    umask = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "model") as tmp:
+            (tmp / "config.json").write_text("{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755

@@ -71,6 +71,9 @@ def atomic_directory(output: str | Path):
     output.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(output.parent, f".{output.name}.tmp-")
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)          # mkdtemp makes 0700; results are shared like any folder
     try:
         yield tmp
         replace_directory(tmp, output)
