@@ -9,25 +9,34 @@ cd "$(dirname "$0")/.."
 profile=${1:-smoke}
 wait_s=${2:-45}
 out=ci_rerun
-rm -rf "$out"
-run() { snakemake --cores 2 --config profile="$profile" results_dir="$out/results" figures_dir="$out/figures" "$@"; }
+rm -rf "$out" "$out.log"
+mkdir -p "$out"
+command=(snakemake --cores 2 --config profile="$profile" results_dir="$out/results" figures_dir="$out/figures")
 
-interrupt() {  # start a run in its own process group, send $1 to the group after $wait_s seconds
-  setsid bash -c "$(declare -f run); out=$out profile=$profile; run" > "$out.log" 2>&1 &
-  local pid=$!
-  sleep "$wait_s"
-  kill -"$1" -- -"$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  echo "run interrupted with SIG$1 after ${wait_s}s"
+# Background jobs of a script start with SIGINT ignored, and snakemake would inherit that: start the
+# run from Python in its own session with SIGINT restored, then signal the whole group.
+interrupt() {
+  python - "$1" "$wait_s" "$out.log" "${command[@]}" <<'PY'
+import os, signal, subprocess, sys, time
+name, wait_s, log, command = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+with open(log, "a") as handle:
+    run = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(wait_s)
+    finished = run.poll() is not None
+    os.killpg(run.pid, getattr(signal, name)) if not finished else None
+    code = run.wait()
+print(f"run {'finished before' if finished else 'interrupted by'} {name} after {wait_s:.0f}s (exit {code})")
+PY
 }
 
-mkdir -p "$out"
-interrupt INT
-interrupt KILL
-run --unlock > /dev/null 2>&1 || true            # SIGKILL leaves snakemake's lock behind
-run > "$out.log" 2>&1 || { tail -30 "$out.log"; echo "restarted run failed" >&2; exit 1; }
+"${command[@]}" --unlock > /dev/null 2>&1 || true     # a lock left by an earlier killed run
+interrupt SIGINT
+interrupt SIGKILL
+"${command[@]}" --unlock > /dev/null 2>&1 || true     # SIGKILL leaves snakemake's lock behind
+"${command[@]}" >> "$out.log" 2>&1 || { tail -30 "$out.log"; echo "restarted run failed" >&2; exit 1; }
 # no half-written file may remain: temp names are hidden (.NAME.tmp*) and removed on success
-leftovers=$(find "$out" -name ".*.tmp*" -o -name ".*.checkpoint" | head -5)
+leftovers=$(find "$out" \( -name ".*.tmp*" -o -name ".*.checkpoint" \) | head -5)
 [ -z "$leftovers" ] || { echo "temp files left behind: $leftovers" >&2; exit 1; }
 symfusion-compare "$out/results/$profile" --figures "$out/figures/$profile" \
   --reference "results/$profile" --reference-figures "figures/$profile" --exact
