@@ -2,9 +2,9 @@
 
     symfusion-compare RUN_DIR [--reference REF_DIR] [--figures FIG_DIR] [--tolerance X] [--exact]
 
-RUN_DIR is results/<profile> of a new run. The reference defaults to the run committed in git
-(`git show HEAD:results/<profile>/...`), so a fresh clone can rerun the mini profile in place and
-compare with what was committed. Numbers must agree within the tolerance (absolute, in the
+RUN_DIR is results/<profile> of a new run. The reference defaults to the committed reference run,
+reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data). It is kept apart from
+results/ so that a fresh clone's pipeline really runs instead of finding its outputs present. Numbers must agree within the tolerance (absolute, in the
 table's units: accuracy/F1 points x100, losses); timing columns (Table 3, seconds) are only
 reported, never compared. Exit code 0 when everything agrees, 1 with a readable diff otherwise.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,13 +28,10 @@ def read_rows(text: str) -> list[dict]:
     return list(csv.DictReader(io.StringIO(text)))
 
 
-def reference_text(path: Path, reference: Path | None) -> str | None:
-    """The reference copy of `path`: a file under `reference`, or the committed version in git."""
-    if reference is not None:
-        candidate = reference / path.name
-        return candidate.read_text() if candidate.is_file() else None
-    result = subprocess.run(["git", "show", f"HEAD:{path.as_posix()}"], capture_output=True, text=True)
-    return result.stdout if result.returncode == 0 else None
+def reference_text(path: Path, reference: Path) -> str | None:
+    """The reference copy of `path`: the file of the same name under `reference`."""
+    candidate = reference / path.name
+    return candidate.read_text() if candidate.is_file() else None
 
 
 def as_number(value: str):
@@ -66,7 +62,7 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
     return problems
 
 
-def compare_run(run_dir: Path, figures_dir: Path, reference: Path | None, reference_figures: Path | None,
+def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_figures: Path,
                 tolerance: float) -> tuple[list[str], int]:
     """(problems, number of files compared)."""
     problems, compared = [], 0
@@ -89,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="symfusion-compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="results/<profile> of the run to check")
     parser.add_argument("--figures", type=Path, help="its figures dir (default: figures/<profile>)")
-    parser.add_argument("--reference", type=Path, help="reference results dir (default: the committed run, via git)")
-    parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: via git)")
+    parser.add_argument("--reference", type=Path, help="reference results dir (default: reference/<profile>)")
+    parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: <reference>/figures)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="absolute tolerance per number")
     parser.add_argument("--exact", action="store_true", help="tolerance 0: for determinism checks")
     args = parser.parse_args(argv)
@@ -98,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.run_dir} is not a directory; pass results/<profile> of a finished run", file=sys.stderr)
         return 2
     figures = args.figures or Path("figures") / args.run_dir.name
+    reference = args.reference or Path("reference") / args.run_dir.name
+    reference_figures = args.reference_figures or reference / "figures"
     tolerance = 0.0 if args.exact else args.tolerance
-    problems, compared = compare_run(args.run_dir, figures, args.reference, args.reference_figures, tolerance)
+    problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance)
     if problems:
         print(f"{len(problems)} difference(s) from the reference (tolerance {tolerance}):")
         print("\n".join(f"  - {p}" for p in problems))
