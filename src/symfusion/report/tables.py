@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symfusion.report.results import METHOD_LABELS, markdown_table, read_json, read_paper_table, write_csv
+from symfusion.report.results import (METHOD_LABELS, markdown_table, read_json, read_paper_table, write_csv,
+                                      write_text_atomic)
 
 # A change of matching's effect smaller than this (in accuracy points) counts as "no change".
 EFFECT_TOLERANCE = 0.1
@@ -68,7 +69,5 @@ def write_table2(eval_paths: list[str], output_csv: str | Path) -> list[dict]:
     if ends:
         text += "\nEnd models (test accuracy %, loss):\n\n" + markdown_table(ends)
     text += "\nInputs:\n" + "".join(f"- {p}\n" for p in eval_paths)
-    tmp = md.with_name(f".{md.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(md)
+    write_text_atomic(md, text)
     return rows
