@@ -13,10 +13,11 @@ from symfusion.cli import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.evaluate import run_evaluate
 from symfusion.layers import averaged_body, body_keys, run_layer_sweep, subsets
-from symfusion.merge import run_merge
+from symfusion.evaluate_text import evaluate_text_model
+from symfusion.merge import run_merge, run_merge_evaluate
 from symfusion.modelio import load_model
 from symfusion.tasks import evaluate_split, load_task, sized_task
-from symfusion.train_text import finetune_text_model
+from symfusion.train_text import finetune_text_model, load_tokenizer
 from test_train_text import FILLER, tokenizer
 from tiny_models import tiny_config
 
@@ -132,6 +133,34 @@ def test_evaluation_with_swapped_heads_scores_each_task_with_its_own_head(toy_mo
     assert report["results"][1]["metrics"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
     with pytest.raises(SymfusionError, match="one head folder per task"):
         run_evaluate(str(tmp_path / "m"), [tasks["a"], tasks["b"]], str(tmp_path / "x.json"), heads=[str(root / "a")])
+
+
+def test_in_process_merge_and_evaluation_copies_each_tasks_head(toy_models, tmp_path):
+    """run_merge_evaluate scores task b with b's head, as run_merge + run_evaluate with heads do."""
+    root, tasks = toy_models
+    models, heads = [str(root / "a"), str(root / "b")], [str(root / "a"), str(root / "b")]
+    fused = run_merge_evaluate(models, [{"name": "simple"}, {"name": "regmean", "num_batches": 2, "alpha": 0.9}],
+                               tasks["a"], str(tmp_path / "eval"), [tasks["a"], tasks["b"]], heads,
+                               tasks=[tasks["a"], tasks["b"]])
+    assert [r["method"] for r in fused] == ["simple", "regmean"]
+    run_merge(models, {"name": "regmean", "num_batches": 2, "alpha": 0.9}, tasks["a"], str(tmp_path / "m"),
+              tasks=[tasks["a"], tasks["b"]])
+    separate = run_evaluate(str(tmp_path / "m"), [tasks["a"], tasks["b"]], str(tmp_path / "e.json"), heads=heads)
+    for ours, theirs in zip(fused[1]["results"], separate["results"]):
+        assert ours["task"] == theirs["task"] and ours["head_from"] == theirs["head_from"]
+        assert ours["metrics"]["loss"] == pytest.approx(theirs["metrics"]["loss"], rel=1e-6)
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["regmean.json", "simple.json"]
+
+
+def test_evaluation_does_not_depend_on_example_order(toy_models):
+    """Batches are formed shortest first; the metrics are those of the examples in their own order."""
+    root, tasks = toy_models
+    model, examples = load_model(root / "a"), tasks_module.task_splits(tasks["a"]).splits["test"]
+    tok = load_tokenizer(root / "a")
+    forward = evaluate_text_model(model, tok, examples, "text_classification", 16, "macro_f1", batch_size=4)
+    backward = evaluate_text_model(model, tok, examples[::-1], "text_classification", 16, "macro_f1", batch_size=4)
+    assert forward["macro_f1"] == backward["macro_f1"] and forward["n"] == len(examples)
+    assert forward["loss"] == pytest.approx(backward["loss"], rel=1e-6)
 
 
 def test_layer_sweep_rows_and_their_closed_forms(toy_models, tmp_path):

@@ -61,6 +61,43 @@ def test_pipeline_stages_write_their_files(end_models, tmp_path):
     assert barrier["barrier"] >= 0.0 and {p["n"] for p in barrier["path"]} == {100}
 
 
+def test_merging_several_methods_in_one_process_equals_merge_then_evaluate(end_models, tmp_path):
+    """methods=[..] eval_dir=DIR: the same metrics as a merged folder evaluated by symfusion-evaluate."""
+    root = end_models
+    models = f"models=[{root / 'seed0'},{root / 'seed1'}]"
+    run("merge", cli.merge_command, ["task=digits", "methods=[simple,fisher,ot_wts]", models,
+                                     "method_options={fisher: {num_batches: 2}}", f"eval_dir={tmp_path / 'eval'}"])
+    for method in ("simple", "fisher", "ot_wts"):
+        fused = json.loads((tmp_path / "eval" / f"{method}.json").read_text())
+        options = ["fusion.num_batches=2"] if method == "fisher" else []
+        run("merge", cli.merge_command, ["task=digits", f"fusion={method}", models, f"output={tmp_path / method}"] + options)
+        run("evaluate", cli.evaluate_command, ["task=digits", f"model_dir={tmp_path / method}",
+                                               f"output={tmp_path / f'{method}.json'}"])
+        separate = json.loads((tmp_path / f"{method}.json").read_text())
+        assert fused["method"] == method and fused["matching"] == "none" and fused["merge_seconds"] > 0
+        assert fused["metrics"]["accuracy"] == separate["metrics"]["accuracy"]
+        assert fused["metrics"]["loss"] == pytest.approx(separate["metrics"]["loss"], rel=1e-6)
+    assert json.loads((tmp_path / "eval" / "fisher.json").read_text())["fusion"]["num_batches"] == 2
+    assert not list(tmp_path.glob("eval/.*"))         # no temp file left
+
+
+def test_bad_method_lists_get_one_line_errors_and_no_output(end_models, tmp_path, capsys):
+    models = f"models=[{end_models / 'seed0'},{end_models / 'seed1'}]"
+    out = f"eval_dir={tmp_path / 'eval'}"
+    fails_with_one_line(capsys, "merge", cli.merge_command, ["task=digits", "methods=[simple,average]", models, out],
+                        "unknown fusion method 'average'")
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "methods=[simple]", models, out, "method_options={simple: {alpha: 0.5}}"],
+                        "has no option alpha")
+    fails_with_one_line(capsys, "merge", cli.merge_command, ["task=digits", "methods=[simple,simple]", models, out],
+                        "distinct")
+    fails_with_one_line(capsys, "merge", cli.merge_command, ["task=digits", "methods=[simple]", models],
+                        "eval_dir=DIR is required")
+    fails_with_one_line(capsys, "merge", cli.merge_command,
+                        ["task=digits", "methods=[simple]", models, out, f"output={tmp_path / 'm'}"], "not both")
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "m").exists()
+
+
 def test_merging_a_model_with_itself_changes_nothing(end_models, tmp_path):
     model = end_models / "seed0"
     for method in ("simple", "fisher", "regmean"):

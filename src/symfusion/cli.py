@@ -126,14 +126,35 @@ def train_command(cfg: DictConfig) -> None:
 
 @report_errors
 def merge_command(cfg: DictConfig) -> None:
-    """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]"""
+    """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
+    or, several methods merged and evaluated in one process (no model folder written):
+    symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]]"""
+    tasks = [_task(cfg, name) for name in _container(cfg.tasks)] if cfg.get("tasks") else None
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if cfg.get("methods"):
+        return merge_evaluate_command(cfg, tasks, resolved)
     from symfusion.merge import run_merge
 
-    tasks = [_task(cfg, name) for name in _container(cfg.tasks)] if cfg.get("tasks") else None
-    report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output,
-                       OmegaConf.to_container(cfg, resolve=True), tasks=tasks)
+    report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, resolved, tasks=tasks)
     print(f"merged {len(report['models'])} models with {report['method']} "
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
+
+
+def merge_evaluate_command(cfg: DictConfig, tasks: list | None, resolved: dict) -> None:
+    from symfusion.merge import fusion_config, run_merge_evaluate
+
+    if cfg.get("output"):
+        raise SymfusionError("give output=DIR (one method, model folder) or methods=[..] eval_dir=DIR, not both")
+    options = _container(cfg.get("method_options")) or {}
+    fusions = [fusion_config(name, CONF_DIR, options.get(name)) for name in _container(cfg.methods)]
+    eval_tasks = [_task(cfg, name) for name in _container(cfg.eval_tasks)] if cfg.get("eval_tasks") else [_task(cfg)]
+    heads = _container(cfg.get("eval_heads"))
+    reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks, heads,
+                                 resolved, tasks=tasks)
+    for report in reports:
+        summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
+        print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
+              f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
 
 
 @report_errors

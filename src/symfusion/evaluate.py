@@ -38,34 +38,54 @@ def model_origin(model_dir: Path) -> dict:
     return {"method": "end_model", "matching": "none"}
 
 
-def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
-                 heads: list | None = None) -> dict:
-    """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
-    from symfusion.modelio import compute_device, load_model, write_json_atomic
-    from symfusion.provenance import provenance
+def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,
+                   split: str = "test") -> list[dict]:
+    """Per task: metrics of `model` on its split (text: with the head of heads[i] copied in first, if given).
+
+    `model_dir` is where the tokenizer of a text model lives; `model` is moved to the compute device.
+    """
+    from symfusion.modelio import compute_device
     from symfusion.tasks import evaluate_split, is_text
 
-    if not model or not Path(model).is_dir():
-        raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
-    if not output:
-        raise SymfusionError("output=FILE.json is required")
     heads = heads or [None] * len(tasks)
     if len(heads) != len(tasks):
         raise SymfusionError(f"{len(heads)} heads for {len(tasks)} tasks: give one head folder per task")
-    loaded = load_model(model)
-    start, results = time.perf_counter(), []
+    results = []
     for task, head in zip(tasks, heads):
         if head:
             if not is_text(task):
                 raise SymfusionError("head_from is for text tasks (classifier heads copied from a fine-tuned model)")
             from symfusion.evaluate_text import copy_head
-            copy_head(loaded, head)
-        loaded.to(compute_device())
+            copy_head(model, head)
+        model.to(compute_device())
         results.append({"task": task.name, "kind": task.kind, "metric": task.get("metric", "accuracy"),
                         "split": split, "head_from": head,
-                        "metrics": evaluate_split(loaded, task, split, model_dir=model)})
-    report = {"model": str(model), **model_origin(Path(model)), "task": results[0]["task"], "split": split,
-              "metrics": results[0]["metrics"], "results": results, "seconds": time.perf_counter() - start,
-              "provenance": provenance(resolved_config)}
+                        "metrics": evaluate_split(model, task, split, model_dir=model_dir)})
+    return results
+
+
+def evaluation_report(model: str | None, origin: dict, results: list[dict], split: str, seconds: float,
+                      resolved_config: dict | None) -> dict:
+    """The JSON of one evaluated model: where it came from, the first task's metrics, every task's results."""
+    from symfusion.provenance import provenance
+
+    return {"model": model, **origin, "task": results[0]["task"], "split": split, "metrics": results[0]["metrics"],
+            "results": results, "seconds": seconds, "provenance": provenance(resolved_config)}
+
+
+def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
+                 heads: list | None = None) -> dict:
+    """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
+    from symfusion.modelio import load_model, write_json_atomic
+
+    if not model or not Path(model).is_dir():
+        raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
+    if not output:
+        raise SymfusionError("output=FILE.json is required")
+    loaded = load_model(model)
+    start = time.perf_counter()
+    results = evaluate_tasks(loaded, model, tasks, heads, split)
+    report = evaluation_report(str(model), model_origin(Path(model)), results, split,
+                               time.perf_counter() - start, resolved_config)
     write_json_atomic(report, output)
     return report

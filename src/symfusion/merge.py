@@ -1,11 +1,13 @@
-"""The merge stage: fuse the anchor with (matched) source models and write the merged model folder."""
+"""The merge stage: fuse the anchor with (matched) source models; write the merged model folder, or evaluate it in place."""
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from symfusion.arch import check_compatible, check_finite
 from symfusion.errors import SymfusionError
@@ -65,6 +67,46 @@ def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
     return [statistic_batches(task, num_batches, model) for task, model in zip(tasks, models)]
 
 
+def fusion_config(name: str, conf_dir: str | Path, overrides: dict | None = None) -> dict:
+    """conf/fusion/<name>.yaml as a dict, with `overrides` (e.g. num_batches, alpha) on top."""
+    path = Path(conf_dir) / "fusion" / f"{name}.yaml"
+    if name not in FUSION_METHODS or not path.is_file():
+        raise SymfusionError(f"unknown fusion method {name!r}; choose one of {', '.join(FUSION_METHODS)}")
+    fusion = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    unknown = sorted(set(overrides or {}) - set(fusion))
+    if unknown:
+        raise SymfusionError(f"fusion method {name!r} has no option {', '.join(unknown)}; "
+                             f"its options are {', '.join(sorted(fusion))}")
+    return {**fusion, **(overrides or {})}
+
+
+def check_fusion(fusion: dict) -> str:
+    method = fusion.get("name")
+    if method not in FUSION_METHODS:
+        raise SymfusionError(f"unknown fusion method {method!r}; choose one of {', '.join(FUSION_METHODS)}")
+    return method
+
+
+def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
+                resolved_config: dict | None) -> tuple[torch.nn.Module, dict]:
+    """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged."""
+    method = check_fusion(fusion)
+    options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
+    batches = model_batches(models, tasks, int(fusion["num_batches"])) if "num_batches" in fusion else None
+    start = time.perf_counter()
+    merged_state = merge_models(method, loaded, batches, **options)
+    seconds = time.perf_counter() - start
+    check_finite(merged_state, f"merged model ({method})")
+    merged = copy.deepcopy(loaded[0]).to("cpu")
+    merged.load_state_dict({k: v.cpu() for k, v in merged_state.items()})
+    report = {
+        "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
+        "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
+        "provenance": provenance(resolved_config),
+    }
+    return merged, report
+
+
 def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None,
               tasks: list | None = None) -> dict:
     """Merge `models` (anchor first) with one fusion method and write `output` atomically.
@@ -72,28 +114,45 @@ def run_merge(models: list[str], fusion: dict, task, output: str, resolved_confi
     `tasks` (one per model) makes Fisher / RegMean statistics use each model's own task data;
     otherwise every model's statistics use `task`.
     """
-    method = fusion["name"]
-    if method not in FUSION_METHODS:
-        raise SymfusionError(f"unknown fusion method {method!r}; choose one of {', '.join(FUSION_METHODS)}")
+    check_fusion(fusion)
     if not output:
         raise SymfusionError("output=DIR is required (where the merged model folder is written)")
     loaded = [m.to(compute_device()) for m in load_models(models)]
-    options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
-    tasks = tasks or [task]
-    batches = model_batches(models, tasks, int(fusion["num_batches"])) if "num_batches" in fusion else None
-    start = time.perf_counter()
-    merged_state = merge_models(method, loaded, batches, **options)
-    seconds = time.perf_counter() - start
-    check_finite(merged_state, f"merged model ({method})")
-    merged = loaded[0].to("cpu")
-    merged.load_state_dict({k: v.cpu() for k, v in merged_state.items()})
-    report = {
-        "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
-        "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
-        "provenance": provenance(resolved_config),
-    }
+    merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], resolved_config)
     with atomic_directory(output) as tmp:
         merged.save_pretrained(str(tmp), safe_serialization=True)
         copy_auxiliary_files(models[0], tmp)
         write_json_atomic(report, tmp / "merge.json")
     return report
+
+
+def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: str, eval_tasks: list,
+                       eval_heads: list | None = None, resolved_config: dict | None = None,
+                       tasks: list | None = None) -> list[dict]:
+    """Merge `models` with each fusion method in turn and evaluate every merged model in this process.
+
+    Writes eval_dir/<method>.json (as symfusion-evaluate writes, plus the merge's timing) and no model
+    folder: one process instead of a merge and an evaluation per method, the models loaded once.
+    The merged model's tokenizer is the anchor's.
+    """
+    from symfusion.evaluate import evaluate_tasks, evaluation_report
+
+    methods = [check_fusion(f) for f in fusions]
+    if not methods or len(set(methods)) != len(methods):
+        raise SymfusionError(f"methods={methods}: give one or more distinct fusion methods")
+    if not eval_dir:
+        raise SymfusionError("eval_dir=DIR is required (where <method>.json of each merged model is written)")
+    loaded = [m.to(compute_device()) for m in load_models(models)]
+    reports = []
+    for fusion in fusions:
+        merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], resolved_config)
+        start = time.perf_counter()
+        results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads)
+        origin = {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
+                  "merged_models": merge["models"], "fusion": fusion}
+        reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start,
+                                         resolved_config))
+        del merged
+    for report in reports:      # written together at the end: a failed method leaves no partial set
+        write_json_atomic(report, Path(eval_dir) / f"{report['method']}.json")
+    return reports

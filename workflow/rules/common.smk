@@ -46,6 +46,7 @@ LANG_RESULTS = f"{RESULTS}/lang"
 LANG_MODELS = LANG.get("models", [])
 LANG_OOD = LANG.get("ner_ood", "")
 LANG_MATCHINGS = ["none", LANG.get("matching", "attn_only_no_rescale")]
+LANG_METHODS = LANG.get("fusion_methods", ["simple"])
 
 
 def lang_model_dir(lmodel, dataset):
@@ -59,16 +60,19 @@ def lang_source_dir(lmodel, source, anchor, matching):
     return f"{LANG_RESULTS}/{lmodel}/matched/{source}-onto-{anchor}/{matching}"
 
 
-def fusion_overrides(lmodel, method, dataset):
-    """Hydra overrides of a language merge: statistic batches, and RegMean's alpha per model and setting
-    (language.regmean_alpha: "<model>/<setting>", then "<model>", then "default"; setting = ner or emotion)."""
-    parts = [f"fusion.num_batches={LANG['fusion_batches']}"] if method in ("fisher", "regmean") else []
-    if method == "regmean":
-        alphas = LANG.get("regmean_alpha") or {}
-        setting = "ner" if dataset in LANG.get("ner", []) else "emotion"
-        alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
-        parts += [f"fusion.alpha={alpha}"] if alpha is not None else []
-    return " ".join(parts)
+def method_options(lmodel, dataset):
+    """Hydra override of a language merge's method options: statistic batches of Fisher / RegMean, and
+    RegMean's alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>",
+    then "default"; setting = ner or emotion)."""
+    batches = LANG["fusion_batches"]
+    options = {"fisher": {"num_batches": batches}, "regmean": {"num_batches": batches}}
+    alphas = LANG.get("regmean_alpha") or {}
+    setting = "ner" if dataset in LANG.get("ner", []) else "emotion"
+    alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
+    if alpha is not None:
+        options["regmean"]["alpha"] = alpha
+    inner = ",".join(f"{method}:{{{','.join(f'{k}:{v}' for k, v in values.items())}}}" for method, values in options.items())
+    return f"'method_options={{{inner}}}'"
 
 
 def lang_pairs(datasets):
@@ -78,7 +82,7 @@ def lang_pairs(datasets):
 
 def lang_pair_evals(lmodel, datasets):
     return [f"{LANG_RESULTS}/{lmodel}/eval/{s}-onto-{a}/{m}/{f}.json"
-            for s, a in lang_pairs(datasets) for m in LANG_MATCHINGS for f in LANG["fusion_methods"]]
+            for s, a in lang_pairs(datasets) for m in LANG_MATCHINGS for f in LANG_METHODS]
 
 
 def table1_inputs():
@@ -86,7 +90,7 @@ def table1_inputs():
     for lmodel in LANG_MODELS:
         files += lang_pair_evals(lmodel, LANG["emotion"]) + lang_pair_evals(lmodel, LANG["ner"])
         files += [f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{m}/{f}.json"
-                  for m in LANG_MATCHINGS for f in LANG["fusion_methods"]]
+                  for m in LANG_MATCHINGS for f in LANG_METHODS]
         files += [f"{LANG_RESULTS}/{lmodel}/eval/end/{d}.json" for d in LANG["emotion"] + LANG["ner"]]
     return files
 

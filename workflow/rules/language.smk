@@ -47,46 +47,28 @@ rule lang_merge_pair:
     input:
         anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
         source=lambda w: lang_source_dir(w.lmodel, w.source, w.anchor, w.matching),
+        source_head=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
     output:
-        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}")),
+        [f"{LANG_RESULTS}/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
         profile=PROFILE,
-        batches=lambda w: fusion_overrides(w.lmodel, w.method, w.anchor),
+        methods=",".join(LANG_METHODS),
+        options=lambda w: method_options(w.lmodel, w.anchor),
+        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval/{w.source}-onto-{w.anchor}/{w.matching}",
     log:
-        f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.log",
+        f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
-        f"{BENCH}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.tsv"
+        f"{BENCH}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
-        gpu=lambda wildcards: 1 if wildcards.method in ("fisher", "regmean") else 0,
+        gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} fusion={wildcards.method} "
-        "{params.batches} profile={params.profile} 'models=[{input.anchor},{input.source}]' "
-        "'tasks=[{wildcards.anchor},{wildcards.source}]' output={output} > {log} 2>&1"
-
-
-rule lang_evaluate_pair:
-    input:
-        merged=f"{LANG_RESULTS}/{{lmodel}}/merged/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}",
-        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
-        source=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
-    output:
-        f"{LANG_RESULTS}/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.json",
-    params:
-        profile=PROFILE,
-    log:
-        f"{LOGS}/lang/{{lmodel}}/evaluate/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/evaluate/{{source}}-onto-{{anchor}}/{{matching}}/{{method}}.tsv"
-    threads: 1
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.anchor} profile={params.profile} "
-        "model_dir={input.merged} 'tasks=[{wildcards.anchor},{wildcards.source}]' "
-        "'heads=[{input.anchor},{input.source}]' output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} 'methods=[{params.methods}]' "
+        "{params.options} profile={params.profile} 'models=[{input.anchor},{input.source}]' "
+        "'tasks=[{wildcards.anchor},{wildcards.source}]' 'eval_tasks=[{wildcards.anchor},{wildcards.source}]' "
+        "'eval_heads=[{input.anchor},{input.source_head}]' eval_dir={params.eval_dir} > {log} 2>&1"
 
 
 rule lang_merge_group:
@@ -94,45 +76,28 @@ rule lang_merge_group:
         anchor=lambda w: lang_model_dir(w.lmodel, LANG["ner"][0]),
         sources=lambda w: [lang_source_dir(w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
     output:
-        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged_group/ner/{{matching}}/{{method}}")),
+        [f"{LANG_RESULTS}/{{lmodel}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
         profile=PROFILE,
         ood=LANG_OOD,
-        batches=lambda w: fusion_overrides(w.lmodel, w.method, LANG["ner"][0]),
+        methods=",".join(LANG_METHODS),
+        options=lambda w: method_options(w.lmodel, LANG["ner"][0]),
         models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
         tasks=",".join(LANG.get("ner", [])),
+        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval_group/ner/{w.matching}",
     log:
-        f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}/{{method}}.log",
+        f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}.log",
     benchmark:
-        f"{BENCH}/lang/{{lmodel}}/merge_group/ner/{{matching}}/{{method}}.tsv"
+        f"{BENCH}/lang/{{lmodel}}/merge_group/ner/{{matching}}.tsv"
     threads: 1
     resources:
-        gpu=lambda wildcards: 1 if wildcards.method in ("fisher", "regmean") else 0,
+        gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} fusion={wildcards.method} {params.batches} "
-        "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' output={output} > {log} 2>&1"
-
-
-rule lang_evaluate_group:
-    input:
-        f"{LANG_RESULTS}/{{lmodel}}/merged_group/ner/{{matching}}/{{method}}",
-    output:
-        f"{LANG_RESULTS}/{{lmodel}}/eval_group/ner/{{matching}}/{{method}}.json",
-    params:
-        profile=PROFILE,
-        ood=LANG_OOD,
-    log:
-        f"{LOGS}/lang/{{lmodel}}/evaluate_group/ner/{{matching}}/{{method}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/evaluate_group/ner/{{matching}}/{{method}}.tsv"
-    threads: 1
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.ood} profile={params.profile} model_dir={input} "
-        "output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[{params.methods}]' {params.options} "
+        "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' eval_dir={params.eval_dir} "
+        "> {log} 2>&1"
 
 
 rule lang_evaluate_end_model:
@@ -207,11 +172,12 @@ rule multimodel_merge:
     input:
         f"{LANG_RESULTS}/{{lmodel}}/barycenter/ner",
     output:
-        temp(directory(f"{LANG_RESULTS}/{{lmodel}}/merged_barycenter/ner/simple")),
+        f"{LANG_RESULTS}/{{lmodel}}/eval_barycenter/ner/simple.json",
     params:
         models=lambda w, input: ",".join(f"{input[0]}/{i}" for i in range(len(LANG["ner"]))),
         profile=PROFILE,
         ood=LANG_OOD,
+        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval_barycenter/ner",
     log:
         f"{LOGS}/lang/{{lmodel}}/merge_barycenter/ner/simple.log",
     benchmark:
@@ -220,25 +186,5 @@ rule multimodel_merge:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} fusion=simple profile={params.profile} "
-        "'models=[{params.models}]' output={output} > {log} 2>&1"
-
-
-rule multimodel_evaluate:
-    input:
-        f"{LANG_RESULTS}/{{lmodel}}/merged_barycenter/ner/simple",
-    output:
-        f"{LANG_RESULTS}/{{lmodel}}/eval_barycenter/ner/simple.json",
-    params:
-        profile=PROFILE,
-        ood=LANG_OOD,
-    log:
-        f"{LOGS}/lang/{{lmodel}}/evaluate_barycenter/ner/simple.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/evaluate_barycenter/ner/simple.tsv"
-    threads: 1
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.ood} profile={params.profile} model_dir={input} "
-        "output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[simple]' profile={params.profile} "
+        "'models=[{params.models}]' eval_dir={params.eval_dir} > {log} 2>&1"
