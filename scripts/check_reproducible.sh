@@ -24,7 +24,8 @@ with open(log, "a") as handle:
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(wait_s)
     finished = run.poll() is not None
-    os.killpg(run.pid, getattr(signal, name)) if not finished else None
+    if not finished:
+        os.killpg(run.pid, getattr(signal, name))
     code = run.wait()
 print(f"run {'finished before' if finished else 'interrupted by'} {name} after {wait_s:.0f}s (exit {code})")
 PY

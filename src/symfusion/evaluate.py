@@ -32,10 +32,14 @@ def model_origin(model_dir: Path) -> dict:
     """How a model folder was made: end model, or merged with which method and matching."""
     merge_json = model_dir / "merge.json"
     if merge_json.is_file():
-        merge = json.loads(merge_json.read_text())
-        return {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
-                "merged_models": merge["models"]}
+        return merge_origin(json.loads(merge_json.read_text()))
     return {"method": "end_model", "matching": "none"}
+
+
+def merge_origin(merge: dict) -> dict:
+    """The origin fields of a merged model, from its merge report (merge.json)."""
+    return {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
+            "merged_models": merge["models"]}
 
 
 def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,
@@ -65,18 +69,18 @@ def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, h
 
 
 def evaluation_report(model: str | None, origin: dict, results: list[dict], split: str, seconds: float,
-                      resolved_config: dict | None) -> dict:
-    """The JSON of one evaluated model: where it came from, the first task's metrics, every task's results."""
-    from symfusion.provenance import provenance
-
+                      stamp: dict) -> dict:
+    """The JSON of one evaluated model: where it came from, the first task's metrics, every task's results,
+    and the provenance `stamp` of the run."""
     return {"model": model, **origin, "task": results[0]["task"], "split": split, "metrics": results[0]["metrics"],
-            "results": results, "seconds": seconds, "provenance": provenance(resolved_config)}
+            "results": results, "seconds": seconds, "provenance": stamp}
 
 
 def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
                  heads: list | None = None) -> dict:
     """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
     from symfusion.modelio import load_model, write_json_atomic
+    from symfusion.provenance import provenance
 
     if not model or not Path(model).is_dir():
         raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
@@ -86,6 +90,6 @@ def run_evaluate(model: str, tasks: list, output: str, split: str = "test", reso
     start = time.perf_counter()
     results = evaluate_tasks(loaded, model, tasks, heads, split)
     report = evaluation_report(str(model), model_origin(Path(model)), results, split,
-                               time.perf_counter() - start, resolved_config)
+                               time.perf_counter() - start, provenance(resolved_config))
     write_json_atomic(report, output)
     return report

@@ -87,12 +87,22 @@ def check_fusion(fusion: dict) -> str:
     return method
 
 
+def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) -> list | None:
+    """The statistic batches `fusion` asks for (its num_batches), built once per count and shared by methods."""
+    if "num_batches" not in fusion:
+        return None
+    count = int(fusion["num_batches"])
+    if count not in cache:
+        cache[count] = model_batches(models, tasks, count)
+    return cache[count]
+
+
 def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
-                resolved_config: dict | None) -> tuple[torch.nn.Module, dict]:
+                batch_cache: dict) -> tuple[torch.nn.Module, dict]:
     """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged."""
     method = check_fusion(fusion)
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
-    batches = model_batches(models, tasks, int(fusion["num_batches"])) if "num_batches" in fusion else None
+    batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()
     merged_state = merge_models(method, loaded, batches, **options)
     seconds = time.perf_counter() - start
@@ -102,7 +112,6 @@ def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, 
     report = {
         "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
         "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
-        "provenance": provenance(resolved_config),
     }
     return merged, report
 
@@ -118,7 +127,8 @@ def run_merge(models: list[str], fusion: dict, task, output: str, resolved_confi
     if not output:
         raise SymfusionError("output=DIR is required (where the merged model folder is written)")
     loaded = [m.to(compute_device()) for m in load_models(models)]
-    merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], resolved_config)
+    merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {})
+    report["provenance"] = provenance(resolved_config)
     with atomic_directory(output) as tmp:
         merged.save_pretrained(str(tmp), safe_serialization=True)
         copy_auxiliary_files(models[0], tmp)
@@ -135,7 +145,7 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
     folder: one process instead of a merge and an evaluation per method, the models loaded once.
     The merged model's tokenizer is the anchor's.
     """
-    from symfusion.evaluate import evaluate_tasks, evaluation_report
+    from symfusion.evaluate import evaluate_tasks, evaluation_report, merge_origin
 
     methods = [check_fusion(f) for f in fusions]
     if not methods or len(set(methods)) != len(methods):
@@ -143,16 +153,13 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
     if not eval_dir:
         raise SymfusionError("eval_dir=DIR is required (where <method>.json of each merged model is written)")
     loaded = [m.to(compute_device()) for m in load_models(models)]
-    reports = []
+    stamp, batch_cache, reports = provenance(resolved_config), {}, []
     for fusion in fusions:
-        merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], resolved_config)
+        merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache)
         start = time.perf_counter()
         results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads)
-        origin = {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
-                  "merged_models": merge["models"], "fusion": fusion}
-        reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start,
-                                         resolved_config))
-        del merged
+        origin = {**merge_origin(merge), "fusion": fusion}
+        reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start, stamp))
     for report in reports:      # written together at the end: a failed method leaves no partial set
         write_json_atomic(report, Path(eval_dir) / f"{report['method']}.json")
     return reports

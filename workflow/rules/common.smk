@@ -60,6 +60,13 @@ def lang_source_dir(lmodel, source, anchor, matching):
     return f"{LANG_RESULTS}/{lmodel}/matched/{source}-onto-{anchor}/{matching}"
 
 
+def hydra_value(value):
+    """A value as Hydra's override grammar writes it: dicts as {key:value,...}."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    return str(value)
+
+
 def method_options(lmodel, dataset):
     """Hydra override of a language merge's method options: statistic batches of Fisher / RegMean, and
     RegMean's alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>",
@@ -71,8 +78,7 @@ def method_options(lmodel, dataset):
     alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
     if alpha is not None:
         options["regmean"]["alpha"] = alpha
-    inner = ",".join(f"{method}:{{{','.join(f'{k}:{v}' for k, v in values.items())}}}" for method, values in options.items())
-    return f"'method_options={{{inner}}}'"
+    return f"'method_options={hydra_value(options)}'"
 
 
 def lang_pairs(datasets):

@@ -54,7 +54,7 @@ rule lang_merge_pair:
         profile=PROFILE,
         methods=",".join(LANG_METHODS),
         options=lambda w: method_options(w.lmodel, w.anchor),
-        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval/{w.source}-onto-{w.anchor}/{w.matching}",
+        eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
@@ -84,7 +84,7 @@ rule lang_merge_group:
         options=lambda w: method_options(w.lmodel, LANG["ner"][0]),
         models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
         tasks=",".join(LANG.get("ner", [])),
-        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval_group/ner/{w.matching}",
+        eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}.log",
     benchmark:
@@ -177,7 +177,7 @@ rule multimodel_merge:
         models=lambda w, input: ",".join(f"{input[0]}/{i}" for i in range(len(LANG["ner"]))),
         profile=PROFILE,
         ood=LANG_OOD,
-        eval_dir=lambda w: f"{LANG_RESULTS}/{w.lmodel}/eval_barycenter/ner",
+        eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/lang/{{lmodel}}/merge_barycenter/ner/simple.log",
     benchmark:

@@ -10,7 +10,7 @@ rule merge_evaluate:
         [f"{RESULTS}/eval/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
     params:
         methods=",".join(FUSION_METHODS),
-        eval_dir=lambda w: f"{RESULTS}/eval/{w.task}/{w.source}-onto-{w.anchor}/{w.matching}",
+        eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/merge/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
