@@ -64,17 +64,28 @@ def make_pair(name: str, noise: float, seed: int = 0):
     return source, anchor, layout
 
 
+def match_and_apply(source, anchor, layout, variant: str) -> tuple[dict, dict]:
+    """(seconds per stage plus apply and total, matched state) for one matching run."""
+    start = time.perf_counter()
+    result = match_models(source, anchor, layout, variant)
+    apply_start = time.perf_counter()
+    matched = apply_transform(source, layout, result.transform)
+    end = time.perf_counter()
+    return {**result.seconds, "apply": end - apply_start, "total": end - start}, matched
+
+
 def time_variant(source, anchor, layout, variant: str, repeats: int) -> dict:
-    runs = []
-    for _ in range(repeats):
-        with PeakMemory() as memory:
-            start = time.perf_counter()
-            result = match_models(source, anchor, layout, variant)
-            apply_start = time.perf_counter()
-            matched = apply_transform(source, layout, result.transform)
-            end = time.perf_counter()
-        runs.append({**result.seconds, "apply": end - apply_start, "total": end - start, "peak": memory.peak})
+    """Median seconds over `repeats` runs, then the peak memory of one more run.
+
+    The memory sampler is a Python thread that wakes every 2 ms; on a 2-core machine it
+    preempts one of the two BLAS threads and slows the large matrix products by ~30%, so
+    timed runs go without it.
+    """
+    runs = [match_and_apply(source, anchor, layout, variant)[0] for _ in range(repeats)]
     row = {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
+    with PeakMemory() as memory:
+        _, matched = match_and_apply(source, anchor, layout, variant)
+    row["peak"] = memory.peak
     row["dist_before"] = distance(source, anchor)["total"]
     row["dist_after"] = distance(matched, anchor)["total"]
     return row

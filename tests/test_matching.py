@@ -154,3 +154,21 @@ def test_polar_factor_matches_svd_and_handles_singular_heads():
     # optimal for <R, M>: no better than the SVD optimum, equal up to rounding
     best = torch.linalg.svdvals(m).sum(dim=1)
     assert torch.allclose((r * m).sum(dim=(1, 2)), best, atol=1e-8)
+
+
+@pytest.mark.parametrize("family,overrides", VARIANTS, ids=VARIANT_IDS)
+def test_layers_batched_equal_layer_by_layer(family, overrides):
+    """match_models solves every layer's heads in one batch and the FFN products in numpy; each layer
+    must get exactly what the one-layer solvers (torch products) give it."""
+    from symfusion.matching.compose import StageClock, match_attention_rotation
+    from symfusion.matching.permutation import max_assignment, neuron_features
+
+    anchor, layout = state_and_layout(family, seed=0, **overrides)
+    source, _ = state_and_layout(family, seed=1, **overrides)
+    batched = match_models(source, anchor, layout, "rotation").transform
+    for i, layer in enumerate(layout.layers):
+        alone = match_attention_rotation(source, anchor, layer.attention, layout.num_heads, True, StageClock())
+        for part in ("r_qk", "a_qk", "r_vo", "a_vo"):
+            torch.testing.assert_close(getattr(batched.layers[i], part), getattr(alone, part), rtol=0, atol=1e-12)
+        torch_cross = neuron_features(anchor, layer.ffn) @ neuron_features(source, layer.ffn).T
+        assert torch.equal(batched.layers[i].ffn_perm, max_assignment(torch_cross))

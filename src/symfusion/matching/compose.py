@@ -86,21 +86,39 @@ class MatchResult:
 
 
 def match_attention_rotation(source, anchor, att, heads, rescale, clock) -> LayerTransform:
-    """Algorithm 1 plus eq. (12): R_qk, R_vo per head, then a_qk, a_vo per head."""
+    """Algorithm 1 plus eq. (12) for one layer: R_qk, R_vo per head, then a_qk, a_vo per head."""
+    return match_attention_rotation_layers(source, anchor, [att], heads, rescale, clock)[0]
+
+
+def match_attention_rotation_layers(source, anchor, atts: list, heads, rescale, clock) -> list[LayerTransform]:
+    """Algorithm 1 plus eq. (12) for several layers at once, one batched Procrustes over every (layer, head).
+
+    Batching the layers amortises the per-call overhead of the small eigendecompositions
+    (0.77 ms per 64x64 head in batches of 12, 0.55 ms in batches of 144).
+    """
+    if not atts:
+        return []
     with clock("qk"):
-        query, key = qk_cross_parts(source, anchor, att, heads)
+        parts = [qk_cross_parts(source, anchor, att, heads) for att in atts]
+        query = torch.cat([q for q, _ in parts])                      # (layers * H, d, d)
+        key = torch.cat([k for _, k in parts])                        # (layers * H, d, d)
         r_qk = procrustes(query + key)
     with clock("vo"):
-        value, output = vo_cross_parts(source, anchor, att, heads)
+        parts = [vo_cross_parts(source, anchor, att, heads) for att in atts]
+        value = torch.cat([v for v, _ in parts])                      # (layers * H, d, d)
+        output = torch.cat([o for _, o in parts])                     # (layers * H, d, d)
         r_vo = procrustes(value + output)
-    t = LayerTransform(r_qk=r_qk, r_vo=r_vo)
+    # per-layer copies, not views: each layer's tensors are saved on their own (safetensors refuses shared storage)
+    found = [LayerTransform(r_qk=q.clone(), r_vo=v.clone()) for q, v in zip(r_qk.split(heads), r_vo.split(heads))]
     if rescale:
         with clock("rescale"):
-            norm_q, norm_k = _source_norms_qk(source, att, heads)
-            t.a_qk = best_scales(norm_q, frobenius_inner(r_qk, query), norm_k, frobenius_inner(r_qk, key))
-            norm_v, norm_o = _source_norms_vo(source, att, heads)
-            t.a_vo = best_scales(norm_v, frobenius_inner(r_vo, value), norm_o, frobenius_inner(r_vo, output))
-    return t
+            norm_q, norm_k = (torch.cat(n) for n in zip(*(_source_norms_qk(source, att, heads) for att in atts)))
+            a_qk = best_scales(norm_q, frobenius_inner(r_qk, query), norm_k, frobenius_inner(r_qk, key))
+            norm_v, norm_o = (torch.cat(n) for n in zip(*(_source_norms_vo(source, att, heads) for att in atts)))
+            a_vo = best_scales(norm_v, frobenius_inner(r_vo, value), norm_o, frobenius_inner(r_vo, output))
+        for t, qk, vo in zip(found, a_qk.split(heads), a_vo.split(heads)):
+            t.a_qk, t.a_vo = qk.clone(), vo.clone()
+    return found
 
 
 class StageClock:
@@ -121,29 +139,43 @@ class StageClock:
         self.seconds[self._stage] += time.perf_counter() - self._start
 
 
-def match_layer(
+def match_layer_attention(
     source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock, record: dict | None = None
 ) -> LayerTransform:
-    """One layer's transform; with config.joint the joint solver's info goes to record[index]."""
+    """One layer's attention transform; with config.joint the joint solver's info goes to record[index]."""
     layer, heads = layout.layers[index], layout.num_heads
     if config.joint:
         with clock("joint"):
             t, info = match_attention_joint(source, anchor, layer.attention, heads)
         if record is not None:
             record[index] = info
-    elif config.attention == "rotation":
-        t = match_attention_rotation(source, anchor, layer.attention, heads, config.rescale, clock)
-    elif config.attention == "permutation":
+        return t
+    if config.attention == "rotation":
+        return match_attention_rotation(source, anchor, layer.attention, heads, config.rescale, clock)
+    if config.attention == "permutation":
         with clock("qk+vo"):
             r_qk, r_vo = match_attention_permutation(source, anchor, layer.attention, heads)
-        t = LayerTransform(r_qk=r_qk, r_vo=r_vo)
-    else:
-        t = LayerTransform()
+        return LayerTransform(r_qk=r_qk, r_vo=r_vo)
+    return LayerTransform()
+
+
+def match_layer_ffn(source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock) -> torch.Tensor | None:
+    """One layer's FFN permutation (new neuron j = old perm[j]), or None when the FFN is not matched."""
+    ffn = layout.layers[index].ffn
     with clock("ffn"):
         if config.ffn == "permutation":
-            t.ffn_perm = match_ffn_permutation(source, anchor, layer.ffn)
-        elif config.ffn == "ot":
-            t.ffn_perm = match_ffn_ot(source, anchor, layer.ffn)
+            return match_ffn_permutation(source, anchor, ffn)
+        if config.ffn == "ot":
+            return match_ffn_ot(source, anchor, ffn)
+    return None
+
+
+def match_layer(
+    source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock, record: dict | None = None
+) -> LayerTransform:
+    """One layer's transform: attention, then FFN."""
+    t = match_layer_attention(source, anchor, layout, index, config, clock, record)
+    t.ffn_perm = match_layer_ffn(source, anchor, layout, index, config, clock)
     return t
 
 
@@ -163,10 +195,19 @@ def match_models(
         check_same_layout(layout, anchor_layout)
     clock = StageClock()
     transform, joint = Transform(), {}
-    for i in resolve_layers(layout.num_layers, layers, last_layers):
-        t = match_layer(source, anchor, layout, i, config, clock, joint)
-        if not t.is_identity():
-            transform.layers[i] = t
+    indices = resolve_layers(layout.num_layers, layers, last_layers)
+    # Every layer's attention first, then every FFN: the FFN products run in numpy's BLAS, whose
+    # threads keep spinning for a while after each call and would slow torch's attention solves.
+    if config.attention == "rotation" and not config.joint:
+        atts = [layout.layers[i].attention for i in indices]
+        batched = match_attention_rotation_layers(source, anchor, atts, layout.num_heads, config.rescale, clock)
+        found = dict(zip(indices, batched))
+    else:
+        found = {i: match_layer_attention(source, anchor, layout, i, config, clock, joint) for i in indices}
+    for i in indices:
+        found[i].ffn_perm = match_layer_ffn(source, anchor, layout, i, config, clock)
+        if not found[i].is_identity():
+            transform.layers[i] = found[i]
     return MatchResult(transform=transform, seconds=dict(clock.seconds), joint=joint)
 
 
