@@ -247,3 +247,27 @@ def test_run_multimodel_refuses_bad_input(tmp_path):
     with pytest.raises(SymfusionError, match="unknown matching"):
         run_multimodel([one, one], str(tmp_path / "o.json"), matching="procrustes")
     assert not (tmp_path / "o.json").exists()
+
+
+def test_multimodel_table_has_a_row_group_per_model_and_a_summary_line_each(tmp_path):
+    """The table takes the end ViTs' report (no merged evals) beside a language model's report."""
+    from symfusion.report.audit import multimodel_summary
+    from symfusion.report.language import multimodel_rows
+
+    vit_dirs = [save(tiny_model("vit", seed=s), tmp_path / f"v{s}") for s in range(2)]
+    vit_report = str(tmp_path / "results" / "multimodel" / "digits.json")
+    run_multimodel(vit_dirs, vit_report, "rotation")
+    bert_dirs = [save(tiny_model("bert", seed=s), tmp_path / f"b{s}") for s in range(3)]
+    lang_report = str(tmp_path / "results" / "lang" / "minilm" / "multimodel.json")
+    run_multimodel(bert_dirs, lang_report, "attn_only_no_rescale")
+    rows = multimodel_rows([vit_report, lang_report])
+    assert {(r["model"], r["comparison"]) for r in rows} == {
+        ("vit", "group matching"), ("vit", "joint vs sequential"),
+        ("minilm", "group matching"), ("minilm", "joint vs sequential")}
+    assert sum(r["model"] == "vit" and r["comparison"] == "joint vs sequential" for r in rows) == 1
+    assert sum(r["model"] == "minilm" and r["comparison"] == "joint vs sequential" for r in rows) == 3
+    assert all(r["merged_ood_score"] is None for r in rows)
+    as_csv = [{k: "" if v is None else str(v) for k, v in r.items()} for r in rows]
+    lines = multimodel_summary(as_csv)
+    assert [line.split(",")[0] for line in lines] == ["Beyond the paper (minilm", "Beyond the paper (vit"]
+    assert "k=2" in lines[1] and "OOD" not in lines[1] and "joint rotation+rescaling" in lines[1]

@@ -32,6 +32,7 @@ def vision_targets():
         f"{FIGURES}/fig3_ablation.png",
         f"{FIGURES}/fig4_distance.png",
         f"{FIGURES}/fig5_barrier.png",
+        f"{RESULTS}/multimodel.csv",
     ]
 
 
@@ -115,8 +116,9 @@ def table3_inputs():
 
 
 def multimodel_inputs():
-    """Per language model: the multi-model report, and the barycentre and anchor grouped simple merges' evals."""
-    files = []
+    """The end ViTs' multi-model report; per language model: its report, and the barycentre and anchor
+    grouped simple merges' evals."""
+    files = [f"{RESULTS}/multimodel/{VISION_TASK}.json"]
     for lmodel in LANG_MODELS:
         files += [f"{LANG_RESULTS}/{lmodel}/multimodel.json", f"{LANG_RESULTS}/{lmodel}/eval_barycenter/ner/simple.json",
                   f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{LANG_MATCHINGS[1]}/simple.json"]
@@ -126,5 +128,4 @@ def multimodel_inputs():
 def language_targets():
     if not LANG_MODELS:
         return []
-    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png",
-            f"{RESULTS}/multimodel.csv"]
+    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png"]

@@ -154,14 +154,22 @@ def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
 
 # ---------------------------------------------------------------- beyond the paper: multi-model and joint matching
 
+def multimodel_model(path: str, data: dict) -> str:
+    """The row label of a multi-model input: the language model's name, or "vit" for the end ViTs' report."""
+    if "lang" in Path(path).parts:
+        return model_name(path)
+    return data.get("family", "vit")
+
+
 def multimodel_rows(paths: list[str]) -> list[dict]:
-    """Rows per language model: anchor vs barycenter (distances, OOD score of the simple merge), and joint gains."""
+    """Rows per model: anchor vs barycenter (distances; for language groups the OOD score of the simple
+    merge), and joint vs sequential gains per pair."""
     rows = []
     by_model = defaultdict(dict)
     for path in paths:
         data = read_json(path)
         role = ("report" if "methods" in data else "barycenter" if "/eval_barycenter/" in path else "anchor")
-        by_model[model_name(path)][role] = data
+        by_model[multimodel_model(path, data)][role] = data
     for model, parts in sorted(by_model.items()):
         report = parts["report"]
         for method in ("anchor", "barycenter"):
@@ -185,9 +193,11 @@ def write_multimodel(paths: list[str], output_csv: str | Path) -> list[dict]:
     columns = list(dict.fromkeys(k for row in rows for k in row))
     write_csv([{c: row.get(c) for c in columns} for row in rows], output_csv)
     text = ("# Beyond the paper: multi-model and joint matching\n\n" + markdown_table(rows, columns) +
-            "\n`group matching`: the NER models matched onto the first (anchor) or jointly to their barycentre "
-            "(generalized Procrustes), sum of pairwise Euclidean distances after matching (`distance_before`: "
-            "unmatched), and the out-of-domain score (x100) of their simple average. `joint vs sequential`: "
+            "\n`group matching`: the models (vit: the two end ViTs, trained independently; a language model: "
+            "its NER models, fine-tuned from one checkpoint) matched onto the first (anchor) or jointly to their "
+            "barycentre (generalized Procrustes), sum of pairwise Euclidean distances after matching "
+            "(`distance_before`: unmatched), and the out-of-domain score (x100) of the NER models' simple "
+            "average. `joint vs sequential`: "
             "distance of one pair after the paper's sequential rotation-then-rescaling (`distance_before`) and "
             "after alternating both to convergence (`sum_pairwise_distance`).\n\nInputs:\n"
             + "".join(f"- {p}\n" for p in paths))
