@@ -271,3 +271,40 @@ def test_multimodel_table_has_a_row_group_per_model_and_a_summary_line_each(tmp_
     lines = multimodel_summary(as_csv)
     assert [line.split(",")[0] for line in lines] == ["Beyond the paper (minilm", "Beyond the paper (vit"]
     assert "k=2" in lines[1] and "OOD" not in lines[1] and "joint rotation+rescaling" in lines[1]
+
+
+@pytest.mark.parametrize("multi", ["anchor", "barycenter"])
+def test_multimodel_cli_writes_the_models_of_matching_multi(tmp_path, multi):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from symfusion.matching.multi import pairwise_distances
+
+    dirs = [save(tiny_model("vit", seed=s), tmp_path / f"m{s}") for s in range(3)]
+    cli = [sys.executable, "-c", "from symfusion.cli import multimodel_main; multimodel_main()",
+           f"models=[{','.join(dirs)}]", "matching=rotation", f"matching.multi={multi}"]
+    ok = subprocess.run(cli + [f"output={tmp_path / 'r.json'}", f"output_models={tmp_path / 'out'}"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["output_models_multi"] == multi
+    written = [load_file(str(tmp_path / "out" / str(i) / "model.safetensors")) for i in range(3)]
+    written = [{k: v.double() for k, v in state.items()} for state in written]
+    assert sum(pairwise_distances(written)) == pytest.approx(report["methods"][multi]["sum_pairwise_distance"], rel=1e-5)
+    other = "barycenter" if multi == "anchor" else "anchor"
+    assert report["methods"][other]["sum_pairwise_distance"] != report["methods"][multi]["sum_pairwise_distance"]
+
+
+def test_multimodel_cli_refuses_an_unknown_multi_method(tmp_path):
+    import subprocess
+    import sys
+
+    dirs = [save(tiny_model("bert", seed=s), tmp_path / f"m{s}") for s in range(2)]
+    cli = [sys.executable, "-c", "from symfusion.cli import multimodel_main; multimodel_main()",
+           f"models=[{','.join(dirs)}]", "matching.multi=mean", f"output={tmp_path / 'r.json'}"]
+    bad = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["error: matching.multi='mean'; choose one of anchor, barycenter"]
+    assert not (tmp_path / "r.json").exists()

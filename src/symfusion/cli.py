@@ -199,11 +199,12 @@ def layers_command(cfg: DictConfig) -> None:
 
 @report_errors
 def multimodel_command(cfg: DictConfig) -> None:
-    """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR]"""
+    """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR matching.multi=anchor|barycenter]"""
     from symfusion.multimodel import run_multimodel
 
     report = run_multimodel(_container(cfg.models) or [], cfg.output, cfg.matching.name,
-                            OmegaConf.to_container(cfg, resolve=True), output_models_dir=cfg.output_models)
+                            OmegaConf.to_container(cfg, resolve=True), output_models_dir=cfg.output_models,
+                            multi=cfg.matching.get("multi", "anchor"))
     anchor, bary = report["methods"]["anchor"], report["methods"]["barycenter"]
     print(f"{report['k']} models: sum of pairwise distances {report['sum_pairwise_distance_before']:.3f} -> "
           f"{anchor['sum_pairwise_distance']:.3f} (anchor) / {bary['sum_pairwise_distance']:.3f} (barycenter) "

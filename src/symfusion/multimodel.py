@@ -4,7 +4,7 @@ Loads k model folders (the first is the anchor), matches them with method=anchor
 onto the first) and method=barycenter (matching/multi.py), and records the sum of pairwise
 distances and the seconds of each; for every pair it also records how much closer joint
 rotation+rescaling (rotation_joint) brings the two models than the paper's sequential order
-(rotation). Writes one JSON, and optionally the barycentrically matched model folders.
+(rotation). Writes one JSON, and optionally the model folders matched by one of the two methods (matching.multi).
 """
 from __future__ import annotations
 
@@ -93,11 +93,16 @@ def write_models(dirs, models, matched, transforms, output_models_dir, max_relat
 @torch.no_grad()
 def run_multimodel(
     model_dirs: list[str], output: str, matching: str = "rotation", resolved_config: dict | None = None,
-    output_models_dir: str | None = None, max_relative_output_change: float = 1e-3,
+    output_models_dir: str | None = None, max_relative_output_change: float = 1e-3, multi: str = "anchor",
 ) -> dict:
-    """Compare anchor and barycentric matching of k models (and joint vs sequential per pair); write `output`."""
+    """Compare anchor and barycentric matching of k models (and joint vs sequential per pair); write `output`.
+
+    With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there.
+    """
     if not output:
         raise SymfusionError("output=FILE.json is required (where the multi-model matching report is written)")
+    if multi not in METHODS:
+        raise SymfusionError(f"matching.multi={multi!r}; choose one of {', '.join(METHODS)}")
     config = matching_config(matching)
     dirs, models, states, layout = load_group(model_dirs)
     before = pairwise_distances(states)
@@ -115,7 +120,8 @@ def run_multimodel(
         "provenance": provenance(resolved_config),
     }
     if output_models_dir:       # last: load_state_dict writes into the tensors `states` hold
-        matched, transforms = matched_by_method["barycenter"]
+        matched, transforms = matched_by_method[multi]
+        report["output_models_multi"] = multi
         report["output_models"] = write_models(dirs, models, matched, transforms, output_models_dir,
                                                max_relative_output_change)
     write_json_atomic(report, output)

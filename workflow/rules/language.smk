@@ -165,7 +165,7 @@ rule multimodel:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching={params.matching} "
-        "output={output.report} output_models={output.models} > {log} 2>&1"
+        "matching.multi=barycenter output={output.report} output_models={output.models} > {log} 2>&1"
 
 
 rule multimodel_merge:
