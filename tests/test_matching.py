@@ -159,9 +159,12 @@ def test_polar_factor_matches_svd_and_handles_singular_heads():
 @pytest.mark.parametrize("family,overrides", VARIANTS, ids=VARIANT_IDS)
 def test_layers_batched_equal_layer_by_layer(family, overrides):
     """match_models solves every layer's heads in one batch and the FFN products in numpy; each layer
-    must get exactly what the one-layer solvers (torch products) give it."""
+    must get exactly what the one-layer solvers (one torch product per FFN) give it."""
     from symfusion.matching.compose import StageClock, match_attention_rotation
-    from symfusion.matching.permutation import max_assignment, neuron_features
+    from symfusion.matching.permutation import max_assignment
+
+    def neuron_features(state, ffn):   # per-neuron rows [W_i | b_i | W_o^T], (ffn, 2*hidden + 1)
+        return torch.cat([state[ffn.input.weight], state[ffn.input.bias][:, None], state[ffn.output.weight].T], 1)
 
     anchor, layout = state_and_layout(family, seed=0, **overrides)
     source, _ = state_and_layout(family, seed=1, **overrides)
