@@ -139,24 +139,31 @@ class StageClock:
         self.seconds[self._stage] += time.perf_counter() - self._start
 
 
-def match_layer_attention(
-    source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock, record: dict | None = None
-) -> LayerTransform:
-    """One layer's attention transform; with config.joint the joint solver's info goes to record[index]."""
-    layer, heads = layout.layers[index], layout.num_heads
+def match_attention_layers(
+    source, anchor, layout: ModelLayout, indices: list[int], config: MatchConfig, clock, record: dict | None = None
+) -> dict[int, LayerTransform]:
+    """The attention transform of every listed layer; with config.joint the joint solver's info goes to
+    record[index]. Rotation solves all listed layers' heads in one batch."""
+    heads = layout.num_heads
     if config.joint:
-        with clock("joint"):
-            t, info = match_attention_joint(source, anchor, layer.attention, heads)
-        if record is not None:
-            record[index] = info
-        return t
+        found = {}
+        for i in indices:
+            with clock("joint"):
+                found[i], info = match_attention_joint(source, anchor, layout.layers[i].attention, heads)
+            if record is not None:
+                record[i] = info
+        return found
     if config.attention == "rotation":
-        return match_attention_rotation(source, anchor, layer.attention, heads, config.rescale, clock)
+        atts = [layout.layers[i].attention for i in indices]
+        return dict(zip(indices, match_attention_rotation_layers(source, anchor, atts, heads, config.rescale, clock)))
     if config.attention == "permutation":
-        with clock("qk+vo"):
-            r_qk, r_vo = match_attention_permutation(source, anchor, layer.attention, heads)
-        return LayerTransform(r_qk=r_qk, r_vo=r_vo)
-    return LayerTransform()
+        found = {}
+        for i in indices:
+            with clock("qk+vo"):
+                r_qk, r_vo = match_attention_permutation(source, anchor, layout.layers[i].attention, heads)
+            found[i] = LayerTransform(r_qk=r_qk, r_vo=r_vo)
+        return found
+    return {i: LayerTransform() for i in indices}
 
 
 def match_layer_ffn(source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock) -> torch.Tensor | None:
@@ -174,7 +181,7 @@ def match_layer(
     source, anchor, layout: ModelLayout, index: int, config: MatchConfig, clock, record: dict | None = None
 ) -> LayerTransform:
     """One layer's transform: attention, then FFN."""
-    t = match_layer_attention(source, anchor, layout, index, config, clock, record)
+    t = match_attention_layers(source, anchor, layout, [index], config, clock, record)[index]
     t.ffn_perm = match_layer_ffn(source, anchor, layout, index, config, clock)
     return t
 
@@ -198,12 +205,7 @@ def match_models(
     indices = resolve_layers(layout.num_layers, layers, last_layers)
     # Every layer's attention first, then every FFN: the FFN products run in numpy's BLAS, whose
     # threads keep spinning for a while after each call and would slow torch's attention solves.
-    if config.attention == "rotation" and not config.joint:
-        atts = [layout.layers[i].attention for i in indices]
-        batched = match_attention_rotation_layers(source, anchor, atts, layout.num_heads, config.rescale, clock)
-        found = dict(zip(indices, batched))
-    else:
-        found = {i: match_layer_attention(source, anchor, layout, i, config, clock, joint) for i in indices}
+    found = match_attention_layers(source, anchor, layout, indices, config, clock, joint)
     for i in indices:
         found[i].ffn_perm = match_layer_ffn(source, anchor, layout, i, config, clock)
         if not found[i].is_identity():

@@ -155,10 +155,8 @@ def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
 # ---------------------------------------------------------------- beyond the paper: multi-model and joint matching
 
 def multimodel_model(path: str, data: dict) -> str:
-    """The row label of a multi-model input: the language model's name, or "vit" for the end ViTs' report."""
-    if "lang" in Path(path).parts:
-        return model_name(path)
-    return data.get("family", "vit")
+    """The row label of a multi-model input: the language model's name, or the family ("vit") of the end models."""
+    return model_name(path) if "lang" in Path(path).parts else data["family"]
 
 
 def multimodel_rows(paths: list[str]) -> list[dict]:
