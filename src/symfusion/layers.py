@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from symfusion.arch import check_compatible, check_finite, layout_of
+from symfusion.arch import check_compatible, check_finite, family_spec, layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import matching_config, match_models
 from symfusion.modelio import load_config, load_model, write_json_atomic
@@ -31,9 +31,8 @@ def subsets(num_layers: int) -> list[dict]:
 
 
 def body_keys(model: torch.nn.Module) -> list[str]:
-    """State-dict keys of the encoder (under base_model_prefix); the rest is the task head."""
-    prefix = model.base_model_prefix + "."
-    return [k for k in model.state_dict() if k.startswith(prefix)]
+    """State-dict keys of the encoder (the family's body); the rest is the task head."""
+    return family_spec(model.config).body_keys(model.state_dict())
 
 
 def averaged_body(anchor_state: dict, source_state: dict, keys: list[str]) -> dict:

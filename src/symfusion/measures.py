@@ -7,7 +7,7 @@ from typing import Mapping
 
 import torch
 
-from symfusion.arch import ModelLayout
+from symfusion.arch import ModelLayout, family_spec
 
 
 @torch.no_grad()
@@ -27,7 +27,7 @@ def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layou
 def probe_inputs(config, batch_size: int = 2, seq_len: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
     """Deterministic random inputs for a model family: token ids (with padding) or pixels."""
     gen = torch.Generator().manual_seed(seed)
-    if config.model_type == "vit":
+    if family_spec(config).inputs == "pixels":
         shape = (batch_size, config.num_channels, config.image_size, config.image_size)
         return {"pixel_values": torch.randn(shape, generator=gen)}
     input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=gen)

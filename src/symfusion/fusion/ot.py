@@ -21,7 +21,7 @@ What is aligned, for each source (models[0], the anchor, keeps its own basis):
    writes to it: embeddings, every LayerNorm, Q/K/V and FFN-input columns, attention-output
    and FFN-output rows and biases, pooler, classifier input columns. Which axes of the
    tensors outside the layers are residual axes is spelled out per family by key suffix in
-   RESIDUAL_AXES (never guessed from shapes; an unknown key is an error). A pooler's dense
+   the family's residual_axes (arch.FAMILIES; never guessed from shapes; an unknown key is an error). A pooler's dense
    (H, H) is residual on both axes (exact under permutations, its activation is
    elementwise); classifier output rows (labels) are never moved. DeBERTa's relative
    embeddings (and their LayerNorm) are treated as residual too: they are read by the
@@ -56,51 +56,11 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from symfusion.arch import ModelLayout, Projection, check_compatible, check_same_layout, layout_of
+from symfusion.arch import FAMILIES, ModelLayout, Projection, check_compatible, check_same_layout, layout_of
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
 from symfusion.fusion.simple import average_states
 from symfusion.symmetry import rotate_bias, rotate_columns, rotate_rows
-
-# Residual axes of the tensors outside the transformer layers, per family, by key suffix
-# (matched on a module boundary). () means "no residual axis" (labels only).
-_POOLER = {"pooler.dense.weight": (0, 1), "pooler.dense.bias": (0,)}
-_CLASSIFIER = {"classifier.weight": (1,), "classifier.bias": ()}
-_TEXT = {
-    "embeddings.word_embeddings.weight": (1,),        # (vocab, hidden)
-    "embeddings.position_embeddings.weight": (1,),    # (positions, hidden)
-    "embeddings.token_type_embeddings.weight": (1,),  # (types, hidden)
-    "LayerNorm.weight": (0,),                         # embeddings, attention output, layer output
-    "LayerNorm.bias": (0,),
-    **_POOLER,
-    **_CLASSIFIER,
-}
-RESIDUAL_AXES: dict[str, dict[str, tuple[int, ...]]] = {
-    "bert": _TEXT,
-    "roberta": {
-        **_TEXT,
-        "classifier.dense.weight": (0, 1),            # sequence head: dense -> tanh -> out_proj
-        "classifier.dense.bias": (0,),
-        "classifier.out_proj.weight": (1,),
-        "classifier.out_proj.bias": (),
-    },
-    "deberta-v2": {**_TEXT, "encoder.rel_embeddings.weight": (1,)},  # (2 * buckets, hidden)
-    "vit": {
-        "embeddings.cls_token": (2,),                 # (1, 1, hidden)
-        "embeddings.mask_token": (2,),                # (1, 1, hidden)
-        "embeddings.position_embeddings": (2,),       # (1, patches + 1, hidden)
-        "embeddings.patch_embeddings.projection.weight": (0,),  # (hidden, channels, p, p)
-        "embeddings.patch_embeddings.projection.bias": (0,),
-        "layernorm_before.weight": (0,),
-        "layernorm_before.bias": (0,),
-        "layernorm_after.weight": (0,),
-        "layernorm_after.bias": (0,),
-        "layernorm.weight": (0,),                     # final LayerNorm
-        "layernorm.bias": (0,),
-        **_POOLER,
-        **_CLASSIFIER,
-    },
-}
 
 _EPS = 1e-12
 
@@ -192,7 +152,7 @@ def residual_axes(layout: ModelLayout, state: Mapping[str, torch.Tensor]) -> dic
     for key, tensor in state.items():
         if key in axes or not tensor.is_floating_point():
             continue
-        axes[key] = _table_axes(layout.family, key)
+        axes[key] = FAMILIES[layout.family].residual_axes_of(key)
     for key, key_axes in axes.items():
         for axis in key_axes:
             if state[key].shape[axis] != layout.hidden_size:
@@ -217,16 +177,6 @@ def _layer_axes(layout: ModelLayout) -> dict[str, tuple[int, ...]]:
             if proj.bias:
                 axes[proj.bias] = (0,)
     return axes
-
-
-def _table_axes(family: str, key: str) -> tuple[int, ...]:
-    for suffix, axes in RESIDUAL_AXES[family].items():
-        if key == suffix or key.endswith("." + suffix):
-            return axes
-    raise SymfusionError(
-        f"OT fusion does not know the residual axes of {key!r} ({family}); "
-        "add its key suffix to RESIDUAL_AXES in symfusion/fusion/ot.py"
-    )
 
 
 # ---------------------------------------------------------------- aligning and averaging

@@ -1,4 +1,4 @@
-"""Text datasets from the Hugging Face Hub (paper profile) through `datasets.load_dataset`.
+"""Text datasets from the Hugging Face Hub (paper profile) through `datasets.load_dataset`, and the paper's presets.
 
 Parquet-backed datasets only (the `datasets` library no longer runs loading scripts): repositories
 that still hold a script are read from their automatic Parquet export, `revision="refs/convert/parquet"`
@@ -10,8 +10,10 @@ with `data_dir=<config>`. Nothing here needs the network once the data sit in th
 """
 from __future__ import annotations
 
+import inspect
 import math
 
+from symfusion.data.text.splits import KINDS, NER_TAGS, REGRESSION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, repair_bio
 from symfusion.errors import SymfusionError
 
 DEFAULT_SPLIT_NAMES = {"train": "train", "validation": "validation", "test": "test"}
@@ -186,8 +188,6 @@ def _load(dataset: str, config, revision, data_dir, hf_cache_dir):
 
 
 def _tag_converter(names: list[str] | None, tag_map: dict | None, target: list[str], dataset: str):
-    from symfusion.data.text import repair_bio
-
     def target_tag(name: str) -> str:
         if name in ("O", "", None):
             return "O"
@@ -214,6 +214,156 @@ def _tag_converter(names: list[str] | None, tag_map: dict | None, target: list[s
     return convert
 
 
+def _check_options(kind, tokens_column, tags_column, text_column, label_column, domain_column, domain_value,
+                   split_names) -> tuple[bool, dict]:
+    """(is a token task, our split -> the dataset's split) from hub_text's options, or a one-line error."""
+    if kind is not None and kind not in KINDS:
+        raise SymfusionError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    token_task = kind == TOKEN_CLASSIFICATION or tokens_column is not None or tags_column is not None
+    if token_task and (tokens_column is None or tags_column is None):
+        raise SymfusionError("token classification needs both tokens_column and tags_column")
+    if not token_task and (text_column is None or label_column is None):
+        raise SymfusionError("text tasks need text_column and label_column (token tasks: tokens_column and tags_column)")
+    if (domain_column is None) != (domain_value is None):
+        raise SymfusionError("give domain_column and domain_value together")
+    mapping = dict(split_names or DEFAULT_SPLIT_NAMES)
+    if "train" not in mapping or set(mapping) - set(DEFAULT_SPLIT_NAMES):
+        raise SymfusionError(f"split_names must map train (and optionally validation, test) to the dataset's splits, got {mapping}")
+    return token_task, mapping
+
+
+def _resolve_splits(loaded, mapping: dict, explicit: bool, dataset: str) -> dict:
+    """Our splits that the dataset has; with the default mapping a missing validation/test is carved later."""
+    available = list(loaded.keys())
+    for ours, theirs in list(mapping.items()):
+        if theirs not in loaded:
+            if not explicit and ours != "train":
+                del mapping[ours]
+                continue
+            raise SymfusionError(f"{dataset!r} has no split {theirs!r} (for our {ours}); its splits are {available}")
+    return mapping
+
+
+def _resolve_columns(features, explode_column, wanted: list[str], domain_column, dataset: str) -> tuple[dict, list[str]]:
+    """(column -> feature of the rows `_explode` yields, the dataset columns to read), checking every name."""
+    columns = _explode_features(features, explode_column)
+    exploded = [] if explode_column is None else [explode_column] if isinstance(explode_column, str) else list(explode_column)
+    for column in exploded:
+        if column not in features:
+            raise SymfusionError(f"{dataset!r} has no column {column!r} to explode; columns are {list(features)}")
+    missing = [c for c in wanted if c not in columns] + ([domain_column] if domain_column and domain_column not in features else [])
+    if missing:
+        raise SymfusionError(f"{dataset!r} has no column(s) {missing}; columns are {sorted(columns)}")
+    needed = [c for c in dict.fromkeys(wanted + [domain_column] + exploded) if c in features]
+    return columns, needed
+
+
+def _label_sets(columns: dict, token_task: bool, kind, label_column, tags_column, tag_map, label_map, label_names,
+                source_label_names, dataset: str):
+    """(kind, the source's label names, our target label names, a tag converter for token tasks)."""
+    if token_task:
+        names = _class_names(columns[tags_column]) or source_label_names
+        target = list(label_names or (NER_TAGS if tag_map is not None else names or []))
+        if not target:
+            raise SymfusionError(f"tags of {dataset!r} carry no names; give source_label_names or tag_map")
+        return TOKEN_CLASSIFICATION, names, target, _tag_converter(names, tag_map, target, dataset)
+    label_feature = columns[label_column]
+    if kind is None:
+        kind = REGRESSION if _is_float(label_feature) else TEXT_CLASSIFICATION
+    names = _class_names(label_feature) or source_label_names
+    if kind == REGRESSION:
+        target = None
+    elif label_map is not None:
+        target = list(label_names or dict.fromkeys(v for v in label_map.values() if v is not None))
+    else:
+        target = list(label_names or names or [])
+    return kind, names, target, None
+
+
+def _sequence_label(value, kind: str, names, label_map, dataset: str, counts: dict):
+    """The label of one text row (a float, a class name or an id), or None when the row is dropped."""
+    if kind == REGRESSION:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            counts["dropped_unlabelled"] += 1
+            return None
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            counts["dropped_multi_label"] += 1
+            return None
+        value = value[0]
+    if value is None or (isinstance(value, int) and value < 0):   # -1: hidden label (GLUE test)
+        counts["dropped_unlabelled"] += 1
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and names is not None:
+        if value >= len(names):
+            raise SymfusionError(f"label id {value} of {dataset!r} is outside its {len(names)} label names")
+        value = names[value]
+    if label_map is not None:
+        if value not in label_map:
+            raise SymfusionError(f"label {value!r} of {dataset!r} is missing from label_map; map it (None drops it)")
+        value = label_map[value]
+        if value is None:
+            counts["dropped_by_label_map"] += 1
+            return None
+    return value
+
+
+def _convert_rows(rows: list[dict], split: str, explode_column, token_task: bool, kind: str, columns: dict,
+                  names, label_map, convert_tags, domain_column, domain_value, dataset: str, counts: dict) -> list[dict]:
+    """One split's rows as raw examples; group = the source row, so exploded elements of a row stay together."""
+    tokens_column, tags_column = columns["tokens"], columns["tags"]
+    text_column, text_pair_column, label_column = columns["text"], columns["text_pair"], columns["label"]
+    examples = []
+    for row_index, row in enumerate(rows):
+        if domain_column is not None and not _domain_matches(row[domain_column], domain_value):
+            counts["rows_outside_domain"] += 1
+            continue
+        for element in _explode(row, explode_column):
+            group = f"{split}:{row_index}"
+            if token_task:
+                tokens, tags = list(element[tokens_column] or []), list(element[tags_column] or [])
+                if not tokens:
+                    counts["dropped_empty"] += 1
+                    continue
+                if len(tokens) != len(tags):
+                    raise SymfusionError(f"{dataset!r} row {row_index} of {split!r} has {len(tokens)} tokens but {len(tags)} tags")
+                examples.append({"tokens": [str(t) for t in tokens], "tags": convert_tags(tags), "group": group})
+                continue
+            text = element[text_column]
+            if not isinstance(text, str) or not text.strip():
+                counts["dropped_empty"] += 1
+                continue
+            example = {"text": text}
+            if text_pair_column is not None:
+                example["text_pair"] = str(element[text_pair_column] or "")
+            label = _sequence_label(element[label_column], kind, names, label_map, dataset, counts)
+            if label is None:
+                continue
+            example["label"] = label
+            example["group"] = group
+            examples.append(example)
+    return examples
+
+
+def _index_labels(splits: dict[str, list[dict]], target: list[str] | None, dataset: str) -> list[str]:
+    """Class names -> ids in place; without a given label set the names are sorted, so the ids are stable."""
+    if not target:
+        string_labels = {e["label"] for s in splits.values() for e in s if isinstance(e["label"], str)}
+        target = sorted(string_labels) if string_labels else [str(i) for i in range(1 + max(e["label"] for s in splits.values() for e in s))]
+    index = {name: i for i, name in enumerate(target)}
+    for examples in splits.values():
+        for example in examples:
+            label = example["label"]
+            if isinstance(label, str):
+                if label not in index:
+                    raise SymfusionError(f"label {label!r} of {dataset!r} is not in label_names {target}")
+                example["label"] = index[label]
+            elif not 0 <= label < len(target):
+                raise SymfusionError(f"label id {label} of {dataset!r} is outside label_names {target}")
+    return target
+
+
 def hub_text(dataset: str, config: str | None = None, split_names: dict | None = None, text_column: str | None = None,
              text_pair_column: str | None = None, label_column: str | None = None, tokens_column: str | None = None,
              tags_column: str | None = None, tag_map: dict | None = None, domain_column: str | None = None,
@@ -232,135 +382,25 @@ def hub_text(dataset: str, config: str | None = None, split_names: dict | None =
     (or several parallel list columns) into one example per element. Every split of the result comes from
     the dataset's own splits; groups (the source row) keep exploded elements of one row together.
     """
-    from symfusion.data.text import KINDS, NER_TAGS, REGRESSION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
-
-    if kind is not None and kind not in KINDS:
-        raise SymfusionError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    token_task = kind == TOKEN_CLASSIFICATION or tokens_column is not None or tags_column is not None
-    if token_task and (tokens_column is None or tags_column is None):
-        raise SymfusionError("token classification needs both tokens_column and tags_column")
-    if not token_task and (text_column is None or label_column is None):
-        raise SymfusionError("text tasks need text_column and label_column (token tasks: tokens_column and tags_column)")
-    if (domain_column is None) != (domain_value is None):
-        raise SymfusionError("give domain_column and domain_value together")
-    mapping = dict(split_names or DEFAULT_SPLIT_NAMES)
-    if "train" not in mapping or set(mapping) - set(DEFAULT_SPLIT_NAMES):
-        raise SymfusionError(f"split_names must map train (and optionally validation, test) to the dataset's splits, got {mapping}")
-
+    token_task, mapping = _check_options(kind, tokens_column, tags_column, text_column, label_column, domain_column,
+                                         domain_value, split_names)
     loaded = _load(dataset, config, revision, data_dir, hf_cache_dir)
-    available = list(loaded.keys())
-    for ours, theirs in list(mapping.items()):
-        if theirs not in loaded:
-            if split_names is None and ours != "train":
-                del mapping[ours]          # default mapping: a missing validation/test split is carved from train
-                continue
-            raise SymfusionError(f"{dataset!r} has no split {theirs!r} (for our {ours}); its splits are {available}")
-
-    features = loaded[mapping["train"]].features
-    columns = _explode_features(features, explode_column)
-    if explode_column is not None:
-        for column in [explode_column] if isinstance(explode_column, str) else explode_column:
-            if column not in features:
-                raise SymfusionError(f"{dataset!r} has no column {column!r} to explode; columns are {list(features)}")
+    mapping = _resolve_splits(loaded, mapping, split_names is not None, dataset)
     wanted = [c for c in (text_column, text_pair_column, label_column, tokens_column, tags_column) if c is not None]
-    missing = [c for c in wanted if c not in columns] + ([domain_column] if domain_column and domain_column not in features else [])
-    if missing:
-        raise SymfusionError(f"{dataset!r} has no column(s) {missing}; columns are {sorted(columns)}")
-
-    if token_task:
-        kind = TOKEN_CLASSIFICATION
-        names = _class_names(columns[tags_column]) or source_label_names
-        target = list(label_names or (NER_TAGS if tag_map is not None else names or []))
-        if not target:
-            raise SymfusionError(f"tags of {dataset!r} carry no names; give source_label_names or tag_map")
-        convert_tags = _tag_converter(names, tag_map, target, dataset)
-    else:
-        label_feature = columns[label_column]
-        if kind is None:
-            kind = REGRESSION if _is_float(label_feature) else TEXT_CLASSIFICATION
-        names = _class_names(label_feature) or source_label_names
-        if kind == REGRESSION:
-            target = None
-        elif label_map is not None:
-            target = list(label_names or dict.fromkeys(v for v in label_map.values() if v is not None))
-        else:
-            target = list(label_names or names or [])
-
-    needed = [c for c in dict.fromkeys(wanted + [domain_column] + ([explode_column] if isinstance(explode_column, str) else list(explode_column or []))) if c in features]
-    counts = {"dropped_unlabelled": 0, "dropped_multi_label": 0, "dropped_by_label_map": 0, "dropped_empty": 0, "rows_outside_domain": 0}
-    string_labels: set = set()
-    splits: dict[str, list[dict]] = {}
-    for ours, theirs in mapping.items():
-        data = loaded[theirs].select_columns(needed)
-        examples = []
-        for row_index, row in enumerate(data.to_list()):
-            if domain_column is not None and not _domain_matches(row[domain_column], domain_value):
-                counts["rows_outside_domain"] += 1
-                continue
-            for element in _explode(row, explode_column):
-                group = f"{theirs}:{row_index}"
-                if token_task:
-                    tokens, tags = list(element[tokens_column] or []), list(element[tags_column] or [])
-                    if not tokens:
-                        counts["dropped_empty"] += 1
-                        continue
-                    if len(tokens) != len(tags):
-                        raise SymfusionError(f"{dataset!r} row {row_index} of {theirs!r} has {len(tokens)} tokens but {len(tags)} tags")
-                    examples.append({"tokens": [str(t) for t in tokens], "tags": convert_tags(tags), "group": group})
-                    continue
-                text = element[text_column]
-                if not isinstance(text, str) or not text.strip():
-                    counts["dropped_empty"] += 1
-                    continue
-                example = {"text": text}
-                if text_pair_column is not None:
-                    example["text_pair"] = str(element[text_pair_column] or "")
-                value = element[label_column]
-                if kind == REGRESSION:
-                    if value is None or (isinstance(value, float) and math.isnan(value)):
-                        counts["dropped_unlabelled"] += 1
-                        continue
-                    example["label"] = float(value)
-                else:
-                    if isinstance(value, (list, tuple)):
-                        if len(value) != 1:
-                            counts["dropped_multi_label"] += 1
-                            continue
-                        value = value[0]
-                    if value is None or (isinstance(value, int) and value < 0):   # -1: hidden label (GLUE test)
-                        counts["dropped_unlabelled"] += 1
-                        continue
-                    if isinstance(value, int) and not isinstance(value, bool) and names is not None:
-                        if value >= len(names):
-                            raise SymfusionError(f"label id {value} of {dataset!r} is outside its {len(names)} label names")
-                        value = names[value]
-                    if label_map is not None:
-                        if value not in label_map:
-                            raise SymfusionError(f"label {value!r} of {dataset!r} is missing from label_map; map it (None drops it)")
-                        value = label_map[value]
-                        if value is None:
-                            counts["dropped_by_label_map"] += 1
-                            continue
-                    if isinstance(value, str):
-                        string_labels.add(value)
-                    example["label"] = value
-                example["group"] = group
-                examples.append(example)
-        splits[ours] = examples
-
+    features = loaded[mapping["train"]].features
+    columns, needed = _resolve_columns(features, explode_column, wanted, domain_column, dataset)
+    kind, names, target, convert_tags = _label_sets(columns, token_task, kind, label_column, tags_column, tag_map,
+                                                    label_map, label_names, source_label_names, dataset)
+    names_of = {"tokens": tokens_column, "tags": tags_column, "text": text_column, "text_pair": text_pair_column,
+                "label": label_column}
+    counts = {"dropped_unlabelled": 0, "dropped_multi_label": 0, "dropped_by_label_map": 0, "dropped_empty": 0,
+              "rows_outside_domain": 0}
+    splits = {ours: _convert_rows(loaded[theirs].select_columns(needed).to_list(), theirs, explode_column, token_task,
+                                  kind, names_of, names, label_map, convert_tags, domain_column, domain_value, dataset,
+                                  counts)
+              for ours, theirs in mapping.items()}
     if kind == TEXT_CLASSIFICATION:
-        if not target:   # string labels without a given label set: sorted, so the ids are stable
-            target = sorted(string_labels) if string_labels else [str(i) for i in range(1 + max(e["label"] for s in splits.values() for e in s))]
-        index = {name: i for i, name in enumerate(target)}
-        for examples in splits.values():
-            for example in examples:
-                label = example["label"]
-                if isinstance(label, str):
-                    if label not in index:
-                        raise SymfusionError(f"label {label!r} of {dataset!r} is not in label_names {target}")
-                    example["label"] = index[label]
-                elif not 0 <= label < len(target):
-                    raise SymfusionError(f"label id {label} of {dataset!r} is outside label_names {target}")
+        target = _index_labels(splits, target, dataset)
     if not splits["train"]:
         where = f" with {domain_column} = {domain_value!r}" if domain_column else ""
         raise SymfusionError(f"no training examples in {dataset!r}{where}; check the domain and column options")
@@ -373,8 +413,6 @@ def load_hub_preset(preset: str, **overrides) -> dict:
     """hub_text with the options of a named preset (overrides win, e.g. dataset=<local folder>)."""
     if preset not in HUB_TEXT_PRESETS:
         raise SymfusionError(f"unknown Hub text preset {preset!r}; choose one of {', '.join(HUB_TEXT_PRESETS)}")
-    import inspect
-
     accepted = set(inspect.signature(hub_text).parameters)
     unknown = sorted(set(overrides) - accepted)
     if unknown:
