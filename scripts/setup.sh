@@ -22,5 +22,5 @@ fi
 python -m pip install --quiet --upgrade pip
 # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -e ".[dev]"
+python -m pip install --quiet -e ".[pipeline,dev]"
 echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__)'))"

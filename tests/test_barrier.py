@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from symfusion.barrier import alpha_grid, barrier_height, interpolate, loss_path
+from symfusion.interpolation import alpha_grid, barrier_height, interpolate, loss_path
 from tiny_models import tiny_model
 
 

@@ -7,17 +7,17 @@ import torch
 from omegaconf import OmegaConf
 
 import symfusion.data.text as text_data
-from symfusion import tasks as tasks_module
 from symfusion.basemodels import resolve_base_model
-from symfusion.cli import CONF_DIR
+from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
-from symfusion.evaluate import run_evaluate
-from symfusion.layers import averaged_body, body_keys, run_layer_sweep, subsets
-from symfusion.evaluate_text import evaluate_text_model
-from symfusion.merge import run_merge, run_merge_evaluate
+from symfusion.stages.evaluate import run_evaluate
+from symfusion.stages.layers import averaged_body, body_keys, run_layer_sweep, subsets
+from symfusion.tasks.text_encoding import evaluate_text_model
+from symfusion.stages.merge import run_merge, run_merge_evaluate
 from symfusion.modelio import load_model
-from symfusion.tasks import evaluate_split, load_task, sized_task
-from symfusion.train_text import finetune_text_model, load_tokenizer
+from symfusion.tasks import TextTask, load_task, make_task, sized_task
+from symfusion.tasks.text import finetune_text_model
+from symfusion.modelio import load_tokenizer
 from test_train_text import FILLER, tokenizer
 from tiny_models import tiny_config
 
@@ -43,7 +43,7 @@ def test_every_language_task_of_the_profiles_exists():
     for profile in ("smoke", "mini"):
         language = OmegaConf.load(f"{CONF_DIR}/profile/{profile}.yaml").language
         for name in [*language.emotion, *language.ner, language.ner_ood, *language.glue]:
-            assert load_task(name).kind in tasks_module.TEXT_KINDS
+            assert load_task(name).kind in TextTask.kinds
 
 
 # ---------------------------------------------------------------- base models
@@ -98,11 +98,12 @@ def toy_models(tmp_path_factory):
     torch.manual_seed(0)
     tf.BertModel(tiny_config("bert")).save_pretrained(str(base))
     tokenizer().save_pretrained(str(base))
-    tasks = {"a": toy_task("a"), "b": toy_task("b", keyword="actor"), "r": toy_task("r", "regression")}
+    tasks = {"a": make_task(toy_task("a")), "b": make_task(toy_task("b", keyword="actor")),
+             "r": make_task(toy_task("r", "regression"))}
     for name, task in tasks.items():
-        finetune_text_model(str(root / name), str(base), tasks_module.task_splits(task), seed=0, epochs=2,
+        finetune_text_model(str(root / name), str(base), task.splits(), seed=0, epochs=2,
                             batch_size=8, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, max_length=16,
-                            metric=task.metric, eval_batch_size=32)
+                            metric=task.cfg.metric, eval_batch_size=32)
     yield root, tasks
     patch.undo()
 
@@ -129,7 +130,7 @@ def test_evaluation_with_swapped_heads_scores_each_task_with_its_own_head(toy_mo
     merged, donor = load_model(tmp_path / "m"), load_model(root / "b")
     head = {k: v for k, v in donor.state_dict().items() if k not in body_keys(donor)}
     merged.load_state_dict(head, strict=False)
-    expected = evaluate_split(merged, tasks["b"], "test", model_dir=str(root / "b"))
+    expected = tasks["b"].evaluate(merged, "test", model_dir=str(root / "b"))
     assert report["results"][1]["metrics"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
     with pytest.raises(SymfusionError, match="one head folder per task"):
         run_evaluate(str(tmp_path / "m"), [tasks["a"], tasks["b"]], str(tmp_path / "x.json"), heads=[str(root / "a")])
@@ -155,7 +156,7 @@ def test_in_process_merge_and_evaluation_copies_each_tasks_head(toy_models, tmp_
 def test_evaluation_does_not_depend_on_example_order(toy_models):
     """Batches are formed shortest first; the metrics are those of the examples in their own order."""
     root, tasks = toy_models
-    model, examples = load_model(root / "a"), tasks_module.task_splits(tasks["a"]).splits["test"]
+    model, examples = load_model(root / "a"), tasks["a"].splits().splits["test"]
     tok = load_tokenizer(root / "a")
     forward = evaluate_text_model(model, tok, examples, "text_classification", 16, "macro_f1", batch_size=4)
     backward = evaluate_text_model(model, tok, examples[::-1], "text_classification", 16, "macro_f1", batch_size=4)
@@ -173,7 +174,7 @@ def test_layer_sweep_rows_and_their_closed_forms(toy_models, tmp_path):
     anchor, source = load_model(root / "a"), load_model(root / "r")
     body = averaged_body(anchor.state_dict(), source.state_dict(), body_keys(anchor))
     anchor.load_state_dict(body, strict=False)
-    expected = tasks_module.evaluate_subset(anchor, tasks["a"], 10, model_dir=str(root / "a"))
+    expected = tasks["a"].evaluate(anchor, "test", model_dir=str(root / "a"), examples=10)
     none_row = next(r for r in report["rows"] if r["setting"] == "none" and r["role"] == "anchor")
     assert none_row["loss"] == pytest.approx(expected["loss"], rel=1e-6)
     # matching the last L layers is matching every layer

@@ -9,7 +9,7 @@ import transformers as tf
 
 from symfusion.arch import check_compatible, layout_of
 from symfusion.errors import SymfusionError
-from symfusion.match import run_match
+from symfusion.stages.match import run_match
 from symfusion.matching import matching_config
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.modelio import load_model
@@ -95,7 +95,7 @@ def test_missing_folders_and_unknown_matching(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SymfusionError, match="not a model folder"):
         run(str(tmp_path / "empty"), anchor, tmp_path / "o")
-    with pytest.raises(SymfusionError, match="unknown matching 'procrustes'; choose one of none, rotation"):
+    with pytest.raises(SymfusionError, match="unknown matching 'procrustes'; choose one of attn_only, attn_only_no_rescale"):
         matching_config("procrustes")
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from symfusion.arch import layout_of
-from symfusion.matching import MATCHING_METHODS, match_many, match_models
+from symfusion.matching import MatchConfig, match_many, match_models, matching_config
 from symfusion.matching.rescale import best_scales, rescale_objective
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform, random_transform
@@ -133,10 +133,11 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
 
 
 def test_registry_names_match_the_issue_and_each_has_a_config():
-    assert set(MATCHING_METHODS) == {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
-                                     "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint"}
-    from symfusion.cli import CONF_DIR
-    assert {p.stem for p in Path(CONF_DIR, "matching").glob("*.yaml")} == set(MATCHING_METHODS)
+    from symfusion.config import CONF_DIR, group_names
+    names = {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
+             "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint"}
+    assert {p.stem for p in Path(CONF_DIR, "matching").glob("*.yaml")} == set(group_names("matching")) == names
+    assert all(isinstance(matching_config(name), MatchConfig) for name in names)
 
 
 def test_polar_factor_matches_svd_and_handles_singular_heads():

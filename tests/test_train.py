@@ -5,10 +5,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import symfusion.train as train_module
+import symfusion.tasks.image as train_module
 from symfusion.data.images import ImageDataset
 from symfusion.errors import SymfusionError
-from symfusion.train import train_image_classifier, warmup_cosine
+from symfusion.tasks.image import train_image_classifier
+from symfusion.training import warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
 

@@ -8,12 +8,12 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-import symfusion.train_text as train_text
+import symfusion.tasks.text as train_text
 from symfusion.errors import SymfusionError
-from symfusion.evaluate_text import (IGNORE_INDEX, collate_text, copy_head, encode_examples, evaluate_text_model,
+from symfusion.tasks.text_encoding import (IGNORE_INDEX, collate_text, copy_head, encode_examples, evaluate_text_model,
                                      head_keys, statistic_batches_text)
 from symfusion.modelio import load_model
-from symfusion.train_text import finetune_text_model
+from symfusion.tasks.text import finetune_text_model
 from tiny_models import tiny_config
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -7,15 +7,16 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
 from symfusion import cli
-from symfusion.evaluate import run_evaluate
+from symfusion.stages.evaluate import run_evaluate
 from symfusion.report.tables import table2_rows
+from symfusion.tasks import make_task
 
 TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
               "model.hidden_size=16", "model.intermediate_size=24", "threads=1"]
 
 
 def config(name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=cli.CONF_DIR, version_base=None):
+    with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base=None):
         return compose(config_name=name, overrides=overrides)
 
 
@@ -109,7 +110,7 @@ def test_merging_a_model_with_itself_changes_nothing(end_models, tmp_path):
 
 
 def test_evaluate_reports_end_models_as_such(end_models, tmp_path):
-    task = config("evaluate", ["task=digits"]).task
+    task = make_task(config("evaluate", ["task=digits"]).task)
     report = run_evaluate(str(end_models / "seed0"), [task], str(tmp_path / "e.json"))
     assert report["method"] == "end_model" and report["metrics"]["n"] == round(1797 * 0.2)
     assert report["metrics"]["accuracy"] > 0.3        # three short epochs on digits: well above chance (0.1)

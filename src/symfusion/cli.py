@@ -1,25 +1,18 @@
-"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -multimodel, -report."""
+"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -multimodel, -report.
+
+Each entry point imports its own stage inside the function (the one place in symfusion where imports
+sit inside functions): a pipeline job then loads only what its stage needs, which keeps the start-up
+of every one of the pipeline's jobs cheap (transformers' modeling code, POT, spaCy, matplotlib).
+"""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
-
-
-def conf_dir() -> str:
-    """The project's conf/ folder: beside the package in a checkout (editable install)."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parent / "conf", here.parents[2] / "conf"):
-        if (candidate / "match.yaml").is_file():
-            return str(candidate)
-    raise SystemExit("error: cannot find symfusion's conf/ folder; install the checkout with `pip install -e .`")
-
-
-CONF_DIR = conf_dir()
 
 
 def report_errors(command):
@@ -30,6 +23,12 @@ def report_errors(command):
         except SymfusionError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
+        except ModuleNotFoundError as error:       # an optional package of the pipeline's stages
+            if not error.name or error.name.split(".")[0] == "symfusion":
+                raise
+            print(f"error: this stage needs the package {error.name!r}, which is not installed; "
+                  "install the pipeline's packages with pip install 'symfusion[pipeline]'", file=sys.stderr)
+            sys.exit(2)
     wrapper.__name__ = command.__name__
     wrapper.__doc__ = command.__doc__
     return wrapper
@@ -39,30 +38,43 @@ def _container(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _task(cfg: DictConfig, name: str | None = None):
-    """The stage's task (cfg.task, or conf/task/<name>.yaml) sized by the profile (smoke shrinks text tasks)."""
-    from symfusion.tasks import load_task, sized_task
+def _resolved(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
 
-    return sized_task(load_task(name) if name else cfg.task, cfg.get("profile"))
+
+def _task(cfg: DictConfig, name: str | None = None):
+    """The stage's task object (cfg.task, or conf/task/<name>.yaml) sized by the profile (smoke shrinks text tasks)."""
+    from symfusion.tasks import make_task
+
+    return make_task(name if name else cfg.task, cfg.get("profile"))
+
+
+def _tasks(cfg: DictConfig, key: str) -> list | None:
+    """The task objects named by the list option `key` (e.g. tasks=[a,b]), or None when it is not set."""
+    return [_task(cfg, name) for name in _container(cfg[key])] if cfg.get(key) else None
+
+
+def _matching(cfg: DictConfig):
+    """The MatchConfig of cfg.matching: the chosen conf/matching yaml with every command-line override applied."""
+    from symfusion.matching import MatchConfig
+
+    return MatchConfig.from_mapping(cfg.matching)
 
 
 @report_errors
 def match_command(cfg: DictConfig) -> None:
     """symfusion-match source=DIR anchor=DIR output=DIR matching=NAME [layers=[..] | last_layers=K]"""
-    from symfusion.match import run_match
-    from symfusion.matching import MatchConfig, matching_config
+    from symfusion.matching import matching_config
+    from symfusion.stages.match import run_match
 
-    name = cfg.matching.name
-    matching = MatchConfig(attention=cfg.matching.attention, rescale=bool(cfg.matching.rescale), ffn=cfg.matching.ffn,
-                           joint=bool(cfg.matching.get("joint", False)))
+    name, matching = cfg.matching.name, _matching(cfg)
     if matching_config(name) != matching:
         print(f"note: matching={name} overridden to {matching}", file=sys.stderr)
     report = run_match(
         source=cfg.source, anchor=cfg.anchor, output=cfg.output, matching=matching, matching_name=name,
         layers=_container(cfg.layers), last_layers=cfg.last_layers, seed=cfg.seed,
         probe_batch=cfg.probe.batch_size, probe_len=cfg.probe.seq_len,
-        max_relative_output_change=cfg.max_relative_output_change,
-        resolved_config=OmegaConf.to_container(cfg, resolve=True),
+        max_relative_output_change=cfg.max_relative_output_change, resolved_config=_resolved(cfg),
     )
     print(
         f"matched {report['source']} onto {report['anchor']} ({name}): distance "
@@ -74,15 +86,9 @@ def match_command(cfg: DictConfig) -> None:
 @report_errors
 def data_command(cfg: DictConfig) -> None:
     """symfusion-data task=NAME output=FILE.json"""
-    from symfusion.modelio import write_json_atomic
-    from symfusion.provenance import provenance
-    from symfusion.tasks import data_manifest
+    from symfusion.stages.data import run_data
 
-    if not cfg.output:
-        raise SymfusionError("output=FILE.json is required")
-    manifest = data_manifest(_task(cfg))
-    manifest["provenance"] = provenance(OmegaConf.to_container(cfg, resolve=True))
-    write_json_atomic(manifest, cfg.output)
+    manifest = run_data(_task(cfg), cfg.output, _resolved(cfg))
     sizes = ", ".join(f"{k} {v['size']}" for k, v in manifest["splits"].items())
     print(f"data {cfg.task.name}: {sizes} -> {cfg.output}")
 
@@ -90,38 +96,13 @@ def data_command(cfg: DictConfig) -> None:
 @report_errors
 def train_command(cfg: DictConfig) -> None:
     """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]: a ViT from scratch or a text fine-tune"""
-    import torch
-
-    from symfusion.tasks import is_text, task_splits
+    from symfusion.stages.train import run_train
 
     if not cfg.output:
         raise SymfusionError("output=DIR is required")
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    task = _task(cfg)
-    train, resolved = task.train, OmegaConf.to_container(cfg, resolve=True)
-    common = dict(seed=int(cfg.seed), epochs=int(train.epochs), batch_size=int(train.batch_size), lr=float(train.lr),
-                  weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
-                  eval_batch_size=int(task.eval_batch_size), resolved_config=resolved)
-    if is_text(task):
-        from symfusion.basemodels import resolve_base_model
-        from symfusion.train_text import finetune_text_model
-
-        if not cfg.model.get("base_model"):
-            raise SymfusionError(f"model={cfg.model.name} is not a pretrained encoder; text tasks need e.g. model=minilm")
-        report = finetune_text_model(cfg.output, str(resolve_base_model(cfg.model.base_model)), task_splits(task),
-                                     max_length=int(task.max_length), metric=task.metric, **common)
-        score = report["validation_score"]
-    else:
-        from symfusion.train import train_image_classifier
-
-        if cfg.model.get("base_model"):
-            raise SymfusionError(f"model={cfg.model.name} is a text encoder; image tasks need a ViT config (vit_*)")
-        report = train_image_classifier(cfg.output, task_splits(task), _container(cfg.model),
-                                        augmentation=bool(train.get("augment", False)), **common)
-        score = report["validation_accuracy"]
-    print(f"trained {cfg.model.name} on {task.name} (seed {cfg.seed}): validation score {score:.4f} "
-          f"(epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
+    report = run_train(_task(cfg), _container(cfg.model), cfg.seed, cfg.output, cfg.threads, _resolved(cfg))
+    print(f"trained {cfg.model.name} on {cfg.task.name} (seed {cfg.seed}): validation score "
+          f"{report['validation_score']:.4f} (epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
 
 
 @report_errors
@@ -129,47 +110,40 @@ def merge_command(cfg: DictConfig) -> None:
     """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
     or, several methods merged and evaluated in one process (no model folder written):
     symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]]"""
-    tasks = [_task(cfg, name) for name in _container(cfg.tasks)] if cfg.get("tasks") else None
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    if cfg.get("methods"):
-        return merge_evaluate_command(cfg, tasks, resolved)
-    from symfusion.merge import run_merge
+    from symfusion.stages.merge import fusion_config, run_merge, run_merge_evaluate
 
-    report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, resolved, tasks=tasks)
+    tasks = _tasks(cfg, "tasks")
+    if cfg.get("methods"):
+        if cfg.get("output"):
+            raise SymfusionError("give output=DIR (one method, model folder) or methods=[..] eval_dir=DIR, not both")
+        options = _container(cfg.get("method_options")) or {}
+        fusions = [fusion_config(name, options.get(name)) for name in _container(cfg.methods)]
+        eval_tasks = _tasks(cfg, "eval_tasks") or [_task(cfg)]
+        reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks,
+                                     _container(cfg.get("eval_heads")), _resolved(cfg), tasks=tasks)
+        for report in reports:
+            summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
+            print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
+                  f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
+        return
+    report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, _resolved(cfg),
+                       tasks=tasks)
     print(f"merged {len(report['models'])} models with {report['method']} "
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
-
-
-def merge_evaluate_command(cfg: DictConfig, tasks: list | None, resolved: dict) -> None:
-    from symfusion.merge import fusion_config, run_merge_evaluate
-
-    if cfg.get("output"):
-        raise SymfusionError("give output=DIR (one method, model folder) or methods=[..] eval_dir=DIR, not both")
-    options = _container(cfg.get("method_options")) or {}
-    fusions = [fusion_config(name, CONF_DIR, options.get(name)) for name in _container(cfg.methods)]
-    eval_tasks = [_task(cfg, name) for name in _container(cfg.eval_tasks)] if cfg.get("eval_tasks") else [_task(cfg)]
-    heads = _container(cfg.get("eval_heads"))
-    reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks, heads,
-                                 resolved, tasks=tasks)
-    for report in reports:
-        summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
-        print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
-              f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
 
 
 @report_errors
 def evaluate_command(cfg: DictConfig) -> None:
     """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test] [head_from=DIR]
     or, several tasks in one process: tasks=[T1,T2] heads=[DIR1,DIR2] (each task with its model's head)"""
-    from symfusion.evaluate import run_evaluate
+    from symfusion.stages.evaluate import run_evaluate
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     if cfg.get("tasks"):
-        tasks = [_task(cfg, name) for name in _container(cfg.tasks)]
+        tasks = _tasks(cfg, "tasks")
         heads = _container(cfg.get("heads")) or [None] * len(tasks)
     else:
         tasks, heads = [_task(cfg)], [cfg.get("head_from")]
-    report = run_evaluate(cfg.model_dir, tasks, cfg.output, cfg.split, resolved, heads=heads)
+    report = run_evaluate(cfg.model_dir, tasks, cfg.output, cfg.split, _resolved(cfg), heads=heads)
     summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
     print(f"evaluated {cfg.model_dir}/{cfg.split}: {summary} -> {cfg.output}")
 
@@ -177,33 +151,33 @@ def evaluate_command(cfg: DictConfig) -> None:
 @report_errors
 def barrier_command(cfg: DictConfig) -> None:
     """symfusion-barrier task=NAME anchor=DIR source=DIR output=FILE.json [points=11]"""
-    from symfusion.barrier import run_barrier
+    from symfusion.stages.barrier import run_barrier
 
-    report = run_barrier(cfg.anchor, cfg.source, cfg.task, cfg.output, int(cfg.points), cfg.split,
-                         OmegaConf.to_container(cfg, resolve=True), examples=cfg.get("examples"))
+    report = run_barrier(cfg.anchor, cfg.source, _task(cfg), cfg.output, int(cfg.points), cfg.split,
+                         _resolved(cfg), examples=cfg.get("examples"))
     print(f"barrier {report['matching']}: {report['barrier']:.4f} -> {cfg.output}")
 
 
 @report_errors
 def layers_command(cfg: DictConfig) -> None:
     """symfusion-layers anchor=DIR source=DIR tasks=[T_ANCHOR,T_SOURCE] output=FILE.json [matching=NAME] [examples=N]"""
-    from symfusion.layers import run_layer_sweep
+    from symfusion.stages.layers import run_layer_sweep
 
     if not cfg.get("tasks"):
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK] is required")
-    tasks = [_task(cfg, name) for name in _container(cfg.tasks)]
-    report = run_layer_sweep(cfg.anchor, cfg.source, tasks, cfg.matching.name, cfg.output,
-                             int(cfg.examples) if cfg.examples else None, OmegaConf.to_container(cfg, resolve=True))
+    report = run_layer_sweep(cfg.anchor, cfg.source, _tasks(cfg, "tasks"), _matching(cfg), cfg.output,
+                             int(cfg.examples) if cfg.examples else None, _resolved(cfg),
+                             matching_name=cfg.matching.name)
     print(f"layer sweep: {len(report['rows'])} evaluations in {report['seconds']:.0f}s -> {cfg.output}")
 
 
 @report_errors
 def multimodel_command(cfg: DictConfig) -> None:
     """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR matching.multi=anchor|barycenter]"""
-    from symfusion.multimodel import run_multimodel
+    from symfusion.stages.multimodel import run_multimodel
 
-    report = run_multimodel(_container(cfg.models) or [], cfg.output, cfg.matching.name,
-                            OmegaConf.to_container(cfg, resolve=True), output_models_dir=cfg.output_models,
+    report = run_multimodel(_container(cfg.models) or [], cfg.output, _matching(cfg), cfg.matching.name,
+                            _resolved(cfg), output_models_dir=cfg.output_models,
                             multi=cfg.matching.get("multi", "anchor"))
     anchor, bary = report["methods"]["anchor"], report["methods"]["barycenter"]
     print(f"{report['k']} models: sum of pairwise distances {report['sum_pairwise_distance_before']:.3f} -> "
@@ -222,7 +196,7 @@ def report_command(cfg: DictConfig) -> None:
 
 def hydra_entry(config_name: str, command):
     """A console-script main() running `command` under Hydra with conf/<config_name>.yaml."""
-    @hydra.main(version_base=None, config_path=CONF_DIR, config_name=config_name)
+    @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
     def main(cfg: DictConfig) -> None:
         command(cfg)
     return main

@@ -47,6 +47,16 @@ def load_config(path: str | Path):
     return transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False)
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer saved in a local model folder; never downloads, never runs remote code."""
+    load_config(model_dir)                              # a clear error when the folder is no model folder
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True,
+                                                          trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise SymfusionError(f"cannot load a tokenizer from {model_dir}: {str(error).splitlines()[0]}") from error
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A model from a local save_pretrained folder, in eval mode; never downloads."""
     config = load_config(path)

@@ -1,64 +1,93 @@
-# Shared names of the vision track: which models exist, which pair is matched, what each artefact needs.
+# Shared names: the profile's experiment lists, which model each end model is, and path helpers that
+# format other rules' output patterns (rules.<name>.output), so that no path is typed twice.
 
 VISION = SETTINGS["vision"]
+LANG = SETTINGS["language"]
+
 VISION_TASK = VISION["task"]
 ANCHOR_ID = f"seed{VISION['seeds'][0]}"
 SOURCE_ID = f"seed{VISION['seeds'][1]}"
 VISION_PAIR = f"{SOURCE_ID}-onto-{ANCHOR_ID}"
 FUSION_METHODS = VISION["fusion_methods"]
 
-# Table 2 columns and Figure 3 bars: the matching variant behind each.
+# Table 2 columns and Figure 3-5 bars: the matching variant behind each.
 TABLE2_MATCHINGS = ["none", "rotation_no_rescale", "rotation"]
 FIG3_MATCHINGS = ["none", "ffn_only", "attn_only", "rotation_no_rescale", "rotation"]
 FIG4_MATCHINGS = ["none", "git_rebasin", "ot_ffn", "rotation_no_rescale", "rotation"]
 FIG5_MATCHINGS = ["none", "attn_only", "ffn_only", "rotation"]
 
+LANG_MODELS = LANG["models"]
+LANG_OOD = LANG["ner_ood"]
+LANG_MATCHINGS = ["none", LANG["matching"]]
+LANG_METHODS = LANG["fusion_methods"]
 
-def model_dir(task, model_id):
-    return f"{RESULTS}/models/{task}/{model_id}"
+
+# ---------------------------------------------------------------- end models of the two tracks
+# vision: group = the image task, name = seed<N> (trained from scratch);
+# lang:   group = the pretrained encoder (conf/model), name = the dataset it is fine-tuned on.
+
+
+def end_model_task(wildcards):
+    return wildcards.group if wildcards.track == "vision" else wildcards.name
+
+
+def end_model_model(wildcards):
+    return VISION["model"] if wildcards.track == "vision" else wildcards.group
+
+
+def end_model_seed(wildcards):
+    return int(wildcards.name[len("seed"):]) if wildcards.track == "vision" else LANG["seed"]
+
+
+def end_model_threads(wildcards):
+    return (VISION if wildcards.track == "vision" else LANG)["train_threads"]
+
+
+def end_model_eval_tasks(wildcards):
+    """The tasks an end model is scored on: its own, and for a NER model the out-of-domain set too."""
+    task = end_model_task(wildcards)
+    return [task] + ([LANG_OOD] if wildcards.track == "lang" and task in LANG["ner"] else [])
+
+
+# ---------------------------------------------------------------- paths (formatted rule outputs)
+
+
+def data_file(task):
+    return rules.data.output[0].format(task=task)
+
+
+def model_dir(track, group, name):
+    return rules.train.output[0].format(track=track, group=group, name=name)
+
+
+def matched_dir(track, group, source, anchor, matching):
+    return rules.match.output[0].format(track=track, group=group, source=source, anchor=anchor, matching=matching)
+
+
+def source_dir(track, group, source, anchor, matching):
+    """The source model as merged: the end model itself when unmatched, else its matched copy."""
+    if matching == "none":
+        return model_dir(track, group, source)
+    return matched_dir(track, group, source, anchor, matching)
+
+
+def end_eval(track, group, name):
+    return rules.evaluate_end_model.output[0].format(track=track, group=group, name=name)
 
 
 def merged_eval(task, pair, matching, method):
-    return f"{RESULTS}/eval/{task}/{pair}/{matching}/{method}.json"
+    source, anchor = pair.split("-onto-")
+    pattern = rules.merge_evaluate.output[FUSION_METHODS.index(method)]
+    return pattern.format(task=task, source=source, anchor=anchor, matching=matching)
 
 
 def vision_evals(matchings):
     return [merged_eval(VISION_TASK, VISION_PAIR, m, f) for m in matchings for f in FUSION_METHODS]
 
 
-def vision_targets():
-    return [
-        f"{RESULTS}/table2.csv",
-        f"{FIGURES}/fig3_ablation.png",
-        f"{FIGURES}/fig4_distance.png",
-        f"{FIGURES}/fig5_barrier.png",
-        f"{RESULTS}/multimodel.csv",
-    ]
-
-
 def comma_joined(wildcards, input):
     """A rule's input files as one comma-separated string, for Hydra list overrides."""
     return ",".join(input)
-
-
-# ---------------------------------------------------------------- language track
-LANG = SETTINGS.get("language") or {}
-LANG_RESULTS = f"{RESULTS}/lang"
-LANG_MODELS = LANG.get("models", [])
-LANG_OOD = LANG.get("ner_ood", "")
-LANG_MATCHINGS = ["none", LANG.get("matching", "attn_only_no_rescale")]
-LANG_METHODS = LANG.get("fusion_methods", ["simple"])
-
-
-def lang_model_dir(lmodel, dataset):
-    return f"{LANG_RESULTS}/{lmodel}/models/{dataset}"
-
-
-def lang_source_dir(lmodel, source, anchor, matching):
-    """The source model as merged: the fine-tuned folder itself when unmatched, else its matched copy."""
-    if matching == "none":
-        return lang_model_dir(lmodel, source)
-    return f"{LANG_RESULTS}/{lmodel}/matched/{source}-onto-{anchor}/{matching}"
 
 
 def hydra_value(value):
@@ -68,18 +97,7 @@ def hydra_value(value):
     return str(value)
 
 
-def method_options(lmodel, dataset):
-    """Hydra override of a language merge's method options: statistic batches of Fisher / RegMean, and
-    RegMean's alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>",
-    then "default"; setting = ner or emotion)."""
-    batches = LANG["fusion_batches"]
-    options = {"fisher": {"num_batches": batches}, "regmean": {"num_batches": batches}}
-    alphas = LANG.get("regmean_alpha") or {}
-    setting = "ner" if dataset in LANG.get("ner", []) else "emotion"
-    alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
-    if alpha is not None:
-        options["regmean"]["alpha"] = alpha
-    return f"'method_options={hydra_value(options)}'"
+# ---------------------------------------------------------------- language track
 
 
 def lang_pairs(datasets):
@@ -87,45 +105,61 @@ def lang_pairs(datasets):
     return [(b, a) for i, a in enumerate(datasets) for b in datasets[i + 1:]]
 
 
-def lang_pair_evals(lmodel, datasets):
-    return [f"{LANG_RESULTS}/{lmodel}/eval/{s}-onto-{a}/{m}/{f}.json"
+def method_options(lmodel, dataset):
+    """Hydra override of a language merge's method options: statistic batches of Fisher / RegMean, and
+    RegMean's alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>",
+    then "default"; setting = ner or emotion)."""
+    batches = LANG["fusion_batches"]
+    options = {"fisher": {"num_batches": batches}, "regmean": {"num_batches": batches}}
+    alphas = LANG.get("regmean_alpha") or {}
+    setting = "ner" if dataset in LANG["ner"] else "emotion"
+    alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
+    if alpha is not None:
+        options["regmean"]["alpha"] = alpha
+    return f"'method_options={hydra_value(options)}'"
+
+
+# ---------------------------------------------------------------- report inputs (called in report.smk)
+
+
+def lang_pair_evals(lmodel):
+    """Every pairwise language merge's eval JSON (emotion and NER pairs, unmatched and matched)."""
+    return [rules.lang_merge_pair.output[LANG_METHODS.index(f)].format(lmodel=lmodel, source=s, anchor=a, matching=m)
+            for datasets in (LANG["emotion"], LANG["ner"])
             for s, a in lang_pairs(datasets) for m in LANG_MATCHINGS for f in LANG_METHODS]
 
 
 def table1_inputs():
     files = []
     for lmodel in LANG_MODELS:
-        files += lang_pair_evals(lmodel, LANG["emotion"]) + lang_pair_evals(lmodel, LANG["ner"])
-        files += [f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{m}/{f}.json"
+        files += lang_pair_evals(lmodel)
+        files += [rules.lang_merge_group.output[LANG_METHODS.index(f)].format(lmodel=lmodel, matching=m)
                   for m in LANG_MATCHINGS for f in LANG_METHODS]
-        files += [f"{LANG_RESULTS}/{lmodel}/eval/end/{d}.json" for d in LANG["emotion"] + LANG["ner"]]
+        files += [end_eval("lang", lmodel, d) for d in LANG["emotion"] + LANG["ner"]]
     return files
 
 
 def table3_inputs():
     """Timings: end models' train.json, matched folders' match.json, merged models' evals (merge seconds)."""
-    files = [f"{RESULTS}/models/{VISION_TASK}/{m}" for m in (ANCHOR_ID, SOURCE_ID)]
-    files += [f"{RESULTS}/matched/{VISION_TASK}/{VISION_PAIR}/rotation"]
-    files += [merged_eval(VISION_TASK, VISION_PAIR, "rotation", f) for f in FUSION_METHODS if f in ("simple", "fisher", "regmean")]
+    files = [model_dir("vision", VISION_TASK, m) for m in (ANCHOR_ID, SOURCE_ID)]
+    files += [matched_dir("vision", VISION_TASK, SOURCE_ID, ANCHOR_ID, "rotation")]
+    files += [merged_eval(VISION_TASK, VISION_PAIR, "rotation", f) for f in FUSION_METHODS
+              if f in ("simple", "fisher", "regmean")]
     for lmodel in LANG_MODELS:
-        datasets = LANG["emotion"] + LANG["ner"] + LANG["glue"]
-        files += [lang_model_dir(lmodel, d) for d in datasets]
-        files += [lang_source_dir(lmodel, s, a, LANG_MATCHINGS[1]) for s, a in lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"])]
-        files += [f for f in lang_pair_evals(lmodel, LANG["emotion"]) + lang_pair_evals(lmodel, LANG["ner"])]
+        pairs = lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"])
+        files += [model_dir("lang", lmodel, d) for d in LANG["emotion"] + LANG["ner"] + LANG["glue"]]
+        files += [source_dir("lang", lmodel, s, a, LANG_MATCHINGS[1]) for s, a in pairs]
+        files += lang_pair_evals(lmodel)
     return files
 
 
 def multimodel_inputs():
     """The end ViTs' multi-model report; per language model: its report, and the barycentre and anchor
     grouped simple merges' evals."""
-    files = [f"{RESULTS}/multimodel/{VISION_TASK}.json"]
+    files = [rules.vision_multimodel.output[0].format(task=VISION_TASK)]
     for lmodel in LANG_MODELS:
-        files += [f"{LANG_RESULTS}/{lmodel}/multimodel.json", f"{LANG_RESULTS}/{lmodel}/eval_barycenter/ner/simple.json",
-                  f"{LANG_RESULTS}/{lmodel}/eval_group/ner/{LANG_MATCHINGS[1]}/simple.json"]
+        files += [rules.multimodel.output.report.format(lmodel=lmodel),
+                  rules.multimodel_merge.output[0].format(lmodel=lmodel),
+                  rules.lang_merge_group.output[LANG_METHODS.index("simple")].format(lmodel=lmodel,
+                                                                                     matching=LANG_MATCHINGS[1])]
     return files
-
-
-def language_targets():
-    if not LANG_MODELS:
-        return []
-    return [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png"]

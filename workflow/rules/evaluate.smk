@@ -1,17 +1,23 @@
-# Evaluation: test-split metrics of the end models, one JSON each (merged models are evaluated by merge_evaluate).
+# Evaluation of the end models: test-split metrics, one JSON each (merged models are evaluated by the merge
+# rules in the same process). A NER model is also scored on the out-of-domain NER set.
 
 
 rule evaluate_end_model:
     input:
-        f"{RESULTS}/models/{{task}}/{{source}}",
+        lambda w: model_dir(w.track, w.group, w.name),
     output:
-        f"{RESULTS}/eval/{{task}}/end_models/{{source}}.json",
+        f"{RESULTS}/{{track}}/{{group}}/eval/end/{{name}}.json",
+    params:
+        task=end_model_task,
+        tasks=lambda w: ",".join(end_model_eval_tasks(w)),
+        profile=PROFILE,
     log:
-        f"{LOGS}/evaluate/{{task}}/end_models/{{source}}.log",
+        f"{LOGS}/{{track}}/{{group}}/evaluate/end/{{name}}.log",
     benchmark:
-        f"{BENCH}/evaluate/{{task}}/end_models/{{source}}.tsv"
+        f"{BENCH}/{{track}}/{{group}}/evaluate/end/{{name}}.tsv"
     threads: 1
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.task} model_dir={input} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.task} profile={params.profile} model_dir={input} "
+        "'tasks=[{params.tasks}]' output={output} > {log} 2>&1"

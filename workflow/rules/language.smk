@@ -1,55 +1,16 @@
-# Language track: fine-tune one model per dataset, match and merge pairs (Table 1 in-domain) and the
-# whole NER group (Table 1 out-of-domain), sweep layer subsets (Figure 6). Paths: results/<profile>/lang/<model>/.
+# Language track: its end models are fine-tuned by `train` and matched by `match` (results/<profile>/lang/
+# <model>/); here: pairwise merges (Table 1 in-domain), the merge of the whole NER group (Table 1
+# out-of-domain), the layer-subset sweep (Figure 6) and group matching (beyond the paper).
 # Pairwise merges copy each evaluated task's head; grouped NER merges fuse the heads (one shared label space).
-
-
-rule finetune:
-    input:
-        f"{RESULTS}/data/{{dataset}}.json",
-    output:
-        directory(f"{LANG_RESULTS}/{{lmodel}}/models/{{dataset}}"),
-    params:
-        profile=PROFILE,
-        seed=LANG.get("seed", 0),
-    log:
-        f"{LOGS}/lang/{{lmodel}}/finetune/{{dataset}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/finetune/{{dataset}}.tsv"
-    threads: LANG.get("train_threads", 1)
-    resources:
-        gpu=1,
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-train task={wildcards.dataset} model={wildcards.lmodel} "
-        "profile={params.profile} seed={params.seed} output={output} threads={threads} > {log} 2>&1"
-
-
-rule lang_match:
-    input:
-        source=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
-        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
-    output:
-        directory(f"{LANG_RESULTS}/{{lmodel}}/matched/{{source}}-onto-{{anchor}}/{{matching}}"),
-    log:
-        f"{LOGS}/lang/{{lmodel}}/match/{{source}}-onto-{{anchor}}/{{matching}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/match/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
-    threads: 1
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-match source={input.source} anchor={input.anchor} "
-        "output={output} matching={wildcards.matching} > {log} 2>&1"
 
 
 rule lang_merge_pair:
     input:
-        anchor=f"{LANG_RESULTS}/{{lmodel}}/models/{{anchor}}",
-        source=lambda w: lang_source_dir(w.lmodel, w.source, w.anchor, w.matching),
-        source_head=f"{LANG_RESULTS}/{{lmodel}}/models/{{source}}",
+        anchor=model_dir("lang", "{lmodel}", "{anchor}"),
+        source=lambda w: source_dir("lang", w.lmodel, w.source, w.anchor, w.matching),
+        source_head=model_dir("lang", "{lmodel}", "{source}"),
     output:
-        [f"{LANG_RESULTS}/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
+        [f"{RESULTS}/lang/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
         profile=PROFILE,
         methods=",".join(LANG_METHODS),
@@ -73,17 +34,17 @@ rule lang_merge_pair:
 
 rule lang_merge_group:
     input:
-        anchor=lambda w: lang_model_dir(w.lmodel, LANG["ner"][0]),
-        sources=lambda w: [lang_source_dir(w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
+        anchor=model_dir("lang", "{lmodel}", LANG["ner"][0]),
+        sources=lambda w: [source_dir("lang", w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
     output:
-        [f"{LANG_RESULTS}/{{lmodel}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
+        [f"{RESULTS}/lang/{{lmodel}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
         profile=PROFILE,
         ood=LANG_OOD,
         methods=",".join(LANG_METHODS),
         options=lambda w: method_options(w.lmodel, LANG["ner"][0]),
         models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
-        tasks=",".join(LANG.get("ner", [])),
+        tasks=",".join(LANG["ner"]),
         eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}.log",
@@ -100,36 +61,16 @@ rule lang_merge_group:
         "> {log} 2>&1"
 
 
-rule lang_evaluate_end_model:
-    input:
-        f"{LANG_RESULTS}/{{lmodel}}/models/{{dataset}}",
-    output:
-        f"{LANG_RESULTS}/{{lmodel}}/eval/end/{{dataset}}.json",
-    params:
-        profile=PROFILE,
-        tasks=lambda w: ",".join([w.dataset] + ([LANG_OOD] if w.dataset in LANG.get("ner", []) else [])),
-    log:
-        f"{LOGS}/lang/{{lmodel}}/evaluate/end/{{dataset}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{lmodel}}/evaluate/end/{{dataset}}.tsv"
-    threads: 1
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={wildcards.dataset} profile={params.profile} "
-        "model_dir={input} 'tasks=[{params.tasks}]' output={output} > {log} 2>&1"
-
-
 rule layer_sweep:
     input:
-        anchor=lambda w: lang_model_dir(w.lmodel, LANG["glue"][0]),
-        source=lambda w: lang_model_dir(w.lmodel, LANG["glue"][1]),
+        anchor=model_dir("lang", "{lmodel}", LANG["glue"][0]),
+        source=model_dir("lang", "{lmodel}", LANG["glue"][1]),
     output:
-        f"{LANG_RESULTS}/{{lmodel}}/layers.json",
+        f"{RESULTS}/lang/{{lmodel}}/layers.json",
     params:
         profile=PROFILE,
-        tasks=",".join(LANG.get("glue", [])),
-        matching=LANG.get("matching", "attn_only_no_rescale"),
+        tasks=",".join(LANG["glue"]),
+        matching=LANG["matching"],
         examples=LANG.get("sweep_examples") or "null",
     log:
         f"{LOGS}/lang/{{lmodel}}/layers.log",
@@ -149,13 +90,13 @@ rule layer_sweep:
 # rotation+rescaling for every pair.
 rule multimodel:
     input:
-        lambda w: [lang_model_dir(w.lmodel, d) for d in LANG["ner"]],
+        lambda w: [model_dir("lang", w.lmodel, d) for d in LANG["ner"]],
     output:
-        report=f"{LANG_RESULTS}/{{lmodel}}/multimodel.json",
-        models=temp(directory(f"{LANG_RESULTS}/{{lmodel}}/barycenter/ner")),
+        report=f"{RESULTS}/lang/{{lmodel}}/multimodel.json",
+        models=temp(directory(f"{RESULTS}/lang/{{lmodel}}/barycenter/ner")),
     params:
-        models=lambda w, input: ",".join(input),
-        matching=LANG.get("matching", "attn_only_no_rescale"),
+        models=comma_joined,
+        matching=LANG["matching"],
     log:
         f"{LOGS}/lang/{{lmodel}}/multimodel.log",
     benchmark:
@@ -170,9 +111,9 @@ rule multimodel:
 
 rule multimodel_merge:
     input:
-        f"{LANG_RESULTS}/{{lmodel}}/barycenter/ner",
+        rules.multimodel.output.models,
     output:
-        f"{LANG_RESULTS}/{{lmodel}}/eval_barycenter/ner/simple.json",
+        f"{RESULTS}/lang/{{lmodel}}/eval_barycenter/ner/simple.json",
     params:
         models=lambda w, input: ",".join(f"{input[0]}/{i}" for i in range(len(LANG["ner"]))),
         profile=PROFILE,

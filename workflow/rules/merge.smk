@@ -1,20 +1,21 @@
-# Merging: fuse the anchor with the matched source by every fusion method and evaluate each merged model,
-# in one process per matching (Fisher/Gram/OT statistics use the matched models; no merged folder is kept).
+# Merging (vision): fuse the anchor ViT with the matched source by every fusion method and evaluate each
+# merged model, in one process per matching (Fisher/Gram/OT statistics use the matched models; no merged
+# folder is kept). The language track's merges are in language.smk.
 
 
 rule merge_evaluate:
     input:
-        anchor=f"{RESULTS}/models/{{task}}/{{anchor}}",
-        source=f"{RESULTS}/matched/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}",
+        anchor=model_dir("vision", "{task}", "{anchor}"),
+        source=matched_dir("vision", "{task}", "{source}", "{anchor}", "{matching}"),
     output:
-        [f"{RESULTS}/eval/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
+        [f"{RESULTS}/vision/{{task}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
     params:
         methods=",".join(FUSION_METHODS),
         eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
-        f"{LOGS}/merge/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}.log",
+        f"{LOGS}/vision/{{task}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
-        f"{BENCH}/merge/{{task}}/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
+        f"{BENCH}/vision/{{task}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
         gpu=1,

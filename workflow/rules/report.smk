@@ -1,155 +1,75 @@
-# Report: tables and figures from the stage results (symfusion-report), beside the paper's numbers.
-# Each artefact gets its input files explicitly; every result JSON names its own run.
+# Report: tables and figures from the stage results (symfusion-report), beside the paper's numbers, then the
+# audit report. One rule per kind of artefact (tables: CSV + Markdown in results/<profile>/; figures: PNG +
+# CSV in figures/<profile>/), the artefact being the wildcard; each gets its input files explicitly.
 
 
-rule table2:
+# artefact -> (symfusion-report's artefact name, its input files)
+TABLES = {
+    "table1": ("table1", table1_inputs()),
+    "table2": ("table2", vision_evals(TABLE2_MATCHINGS) + [end_eval("vision", VISION_TASK, m) for m in (ANCHOR_ID, SOURCE_ID)]),
+    "table3": ("table3", table3_inputs()),
+    "multimodel": ("multimodel", multimodel_inputs()),
+}
+FIGURES_INPUTS = {
+    "fig3_ablation": ("fig3", vision_evals(FIG3_MATCHINGS)),
+    "fig4_distance": ("fig4", [matched_dir("vision", VISION_TASK, SOURCE_ID, ANCHOR_ID, m) for m in FIG4_MATCHINGS]),
+    "fig5_barrier": ("fig5", [rules.barrier.output[0].format(task=VISION_TASK, source=SOURCE_ID, anchor=ANCHOR_ID,
+                                                             matching=m) for m in FIG5_MATCHINGS]),
+    "fig6_layers": ("fig6", [rules.layer_sweep.output[0].format(lmodel=m) for m in LANG_MODELS]),
+}
+VISION_ARTEFACTS = [f"{RESULTS}/table2.csv", f"{RESULTS}/multimodel.csv"] + [
+    f"{FIGURES}/{name}.png" for name in ("fig3_ablation", "fig4_distance", "fig5_barrier")]
+LANGUAGE_ARTEFACTS = [f"{RESULTS}/table1.csv", f"{RESULTS}/table3.csv", f"{FIGURES}/fig6_layers.png"] if LANG_MODELS else []
+
+
+wildcard_constraints:
+    table="|".join(TABLES),
+    figure="|".join(FIGURES_INPUTS),
+
+
+rule table:
     input:
-        vision_evals(TABLE2_MATCHINGS)
-        + [f"{RESULTS}/eval/{VISION_TASK}/end_models/{m}.json" for m in (ANCHOR_ID, SOURCE_ID)],
+        lambda w: TABLES[w.table][1],
     output:
-        csv=report(f"{RESULTS}/table2.csv", caption="../report/table2.rst", category="Tables"),
-        md=f"{RESULTS}/table2.md",
+        csv=report(f"{RESULTS}/{{table}}.csv", caption="../report/table.rst", category="Tables"),
+        md=f"{RESULTS}/{{table}}.md",
     params:
+        artefact=lambda w: TABLES[w.table][0],
         inputs=comma_joined,
     log:
-        f"{LOGS}/report/table2.log",
+        f"{LOGS}/report/{{table}}.log",
     benchmark:
-        f"{BENCH}/report/table2.tsv"
+        f"{BENCH}/report/{{table}}.tsv"
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=table2 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
+        "output={output.csv} > {log} 2>&1"
 
 
-rule fig3_ablation:
+rule figure:
     input:
-        vision_evals(FIG3_MATCHINGS),
+        lambda w: FIGURES_INPUTS[w.figure][1],
     output:
-        png=report(f"{FIGURES}/fig3_ablation.png", caption="../report/fig3.rst", category="Figures"),
-        csv=f"{FIGURES}/fig3_ablation.csv",
+        png=report(f"{FIGURES}/{{figure}}.png", caption="../report/figure.rst", category="Figures"),
+        csv=f"{FIGURES}/{{figure}}.csv",
     params:
+        artefact=lambda w: FIGURES_INPUTS[w.figure][0],
         inputs=comma_joined,
     log:
-        f"{LOGS}/report/fig3.log",
+        f"{LOGS}/report/{{figure}}.log",
     benchmark:
-        f"{BENCH}/report/fig3.tsv"
+        f"{BENCH}/report/{{figure}}.tsv"
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig3 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
-
-
-rule fig4_distance:
-    input:
-        [f"{RESULTS}/matched/{VISION_TASK}/{VISION_PAIR}/{m}" for m in FIG4_MATCHINGS],
-    output:
-        png=report(f"{FIGURES}/fig4_distance.png", caption="../report/fig4.rst", category="Figures"),
-        csv=f"{FIGURES}/fig4_distance.csv",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/fig4.log",
-    benchmark:
-        f"{BENCH}/report/fig4.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig4 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
-
-
-rule fig5_barrier:
-    input:
-        [f"{RESULTS}/barrier/{VISION_TASK}/{VISION_PAIR}/{m}.json" for m in FIG5_MATCHINGS],
-    output:
-        png=report(f"{FIGURES}/fig5_barrier.png", caption="../report/fig5.rst", category="Figures"),
-        csv=f"{FIGURES}/fig5_barrier.csv",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/fig5.log",
-    benchmark:
-        f"{BENCH}/report/fig5.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig5 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
-
-
-rule table1:
-    input:
-        table1_inputs(),
-    output:
-        csv=report(f"{RESULTS}/table1.csv", caption="../report/table1.rst", category="Tables"),
-        md=f"{RESULTS}/table1.md",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/table1.log",
-    benchmark:
-        f"{BENCH}/report/table1.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=table1 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
-
-
-rule table3:
-    input:
-        table3_inputs(),
-    output:
-        csv=report(f"{RESULTS}/table3.csv", caption="../report/table3.rst", category="Tables"),
-        md=f"{RESULTS}/table3.md",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/table3.log",
-    benchmark:
-        f"{BENCH}/report/table3.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=table3 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
-
-
-rule fig6_layers:
-    input:
-        [f"{LANG_RESULTS}/{m}/layers.json" for m in LANG_MODELS],
-    output:
-        png=report(f"{FIGURES}/fig6_layers.png", caption="../report/fig6.rst", category="Figures"),
-        csv=f"{FIGURES}/fig6_layers.csv",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/fig6.log",
-    benchmark:
-        f"{BENCH}/report/fig6.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=fig6 'inputs=[{params.inputs}]' output={output.png} > {log} 2>&1"
-
-
-rule multimodel_table:
-    input:
-        multimodel_inputs(),
-    output:
-        csv=report(f"{RESULTS}/multimodel.csv", caption="../report/multimodel.rst", category="Tables"),
-        md=f"{RESULTS}/multimodel.md",
-    params:
-        inputs=comma_joined,
-    log:
-        f"{LOGS}/report/multimodel.log",
-    benchmark:
-        f"{BENCH}/report/multimodel.tsv"
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=multimodel 'inputs=[{params.inputs}]' output={output.csv} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
+        "output={output.png} > {log} 2>&1"
 
 
 rule report:
     input:
-        vision_targets() + language_targets(),
+        VISION_ARTEFACTS + LANGUAGE_ARTEFACTS,
     output:
         md=report(f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"),
         provenance=f"{RESULTS}/provenance.json",

@@ -1,22 +1,26 @@
-# Training: one end model per (task, seed), from scratch (vision) or fine-tuned (language).
+# Training: one end model per (track, group, name): a ViT from scratch per seed (vision), or the
+# pretrained encoder fine-tuned on one dataset (lang). The task's own trainer decides which.
 
 
 rule train:
     input:
-        f"{RESULTS}/data/{{task}}.json",
+        lambda w: data_file(end_model_task(w)),
     output:
-        directory(f"{RESULTS}/models/{{task}}/seed{{seed}}"),
+        directory(f"{RESULTS}/{{track}}/{{group}}/models/{{name}}"),
     params:
-        model=lambda wildcards: VISION["model"],
+        task=end_model_task,
+        model=end_model_model,
+        seed=end_model_seed,
+        profile=PROFILE,
     log:
-        f"{LOGS}/train/{{task}}/seed{{seed}}.log",
+        f"{LOGS}/{{track}}/{{group}}/train/{{name}}.log",
     benchmark:
-        f"{BENCH}/train/{{task}}/seed{{seed}}.tsv"
-    threads: VISION["train_threads"]
+        f"{BENCH}/{{track}}/{{group}}/train/{{name}}.tsv"
+    threads: end_model_threads
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-train task={wildcards.task} model={params.model} seed={wildcards.seed} "
-        "output={output} threads={threads} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-train task={params.task} model={params.model} profile={params.profile} "
+        "seed={params.seed} output={output} threads={threads} > {log} 2>&1"

@@ -1,6 +1,5 @@
 """Parameter matching: rotation (Procrustes), rescaling (quartic), permutation (Hungarian), baselines."""
 from symfusion.matching.compose import (
-    MATCHING_METHODS,
     MatchConfig,
     MatchResult,
     match_many,
@@ -8,4 +7,4 @@ from symfusion.matching.compose import (
     matching_config,
 )
 
-__all__ = ["MATCHING_METHODS", "MatchConfig", "MatchResult", "match_many", "match_models", "matching_config"]
+__all__ = ["MatchConfig", "MatchResult", "match_many", "match_models", "matching_config"]

@@ -13,6 +13,7 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout, check_same_layout, resolve_layers
+from symfusion.config import load_group
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
 from symfusion.matching.permutation import match_ffn_permutation
@@ -56,26 +57,17 @@ class MatchConfig:
             raise SymfusionError("matching.joint=true needs matching.attention=rotation and matching.rescale=true")
 
 
-# The matching variants the paper and its baselines use, by name.
-MATCHING_METHODS: dict[str, MatchConfig] = {
-    "none": MatchConfig(attention="none", rescale=False, ffn="none"),
-    "rotation": MatchConfig(attention="rotation", rescale=True, ffn="permutation"),
-    "rotation_no_rescale": MatchConfig(attention="rotation", rescale=False, ffn="permutation"),
-    "attn_only": MatchConfig(attention="rotation", rescale=True, ffn="none"),
-    # the paper's language experiments (Table 1, Figure 6): attention rotation only, no rescaling
-    "attn_only_no_rescale": MatchConfig(attention="rotation", rescale=False, ffn="none"),
-    "ffn_only": MatchConfig(attention="none", rescale=False, ffn="permutation"),
-    "git_rebasin": MatchConfig(attention="permutation", rescale=False, ffn="permutation"),
-    "ot_ffn": MatchConfig(attention="none", rescale=False, ffn="ot"),
-    # Appendix D's open problem: rotation and rescaling optimised jointly (alternating), FFN permutation
-    "rotation_joint": MatchConfig(attention="rotation", rescale=True, ffn="permutation", joint=True),
-}
+    @classmethod
+    def from_mapping(cls, matching) -> "MatchConfig":
+        """A MatchConfig from a matching config (conf/matching/<name>.yaml or cfg.matching with its overrides);
+        keys that are not matching settings (name, multi) are ignored."""
+        return cls(attention=str(matching.get("attention", "rotation")), rescale=bool(matching.get("rescale", True)),
+                   ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)))
 
 
 def matching_config(name: str) -> MatchConfig:
-    if name not in MATCHING_METHODS:
-        raise SymfusionError(f"unknown matching {name!r}; choose one of {', '.join(MATCHING_METHODS)}")
-    return MATCHING_METHODS[name]
+    """The matching variant `name`, read from conf/matching/<name>.yaml (the one definition of each variant)."""
+    return MatchConfig.from_mapping(load_group("matching", name))
 
 
 @dataclass

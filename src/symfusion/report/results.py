@@ -6,9 +6,10 @@ import io
 import json
 from pathlib import Path
 
+from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
 
-PAPER_DIR = Path(__file__).resolve().parents[3] / "conf" / "paper"
+PAPER_DIR = CONF_DIR / "paper"
 
 # Display names of the matching variants, as the paper labels them.
 VARIANT_LABELS = {

@@ -3,26 +3,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
 from symfusion.arch import check_compatible, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models
-from symfusion.measures import distance, model_outputs, probe_inputs
+from symfusion.measures import distance
 from symfusion.modelio import atomic_directory, copy_auxiliary_files, load_config, load_model, write_json_atomic
 from symfusion.provenance import provenance
+from symfusion.stages.common import check_function_preserved, require_folder
 from symfusion.symmetry import apply_transform
-
-
-def _require_folder(value, name: str) -> Path:
-    if not value:
-        raise SymfusionError(f"{name}=DIR is required (a save_pretrained model folder)")
-    path = Path(value)
-    if not path.is_dir():
-        raise SymfusionError(f"{name}={value}: no such directory")
-    return path
 
 
 def _scale_summary(transform) -> dict:
@@ -40,7 +31,7 @@ def run_match(
     max_relative_output_change: float = 1e-3, resolved_config: dict | None = None,
 ) -> dict:
     """Match `source` onto `anchor` and write `output` (model + match.json + transform); returns the JSON."""
-    source_dir, anchor_dir = _require_folder(source, "source"), _require_folder(anchor, "anchor")
+    source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
     if not output:
         raise SymfusionError("output=DIR is required (where the matched model folder is written)")
     check_compatible(load_config(source_dir), load_config(anchor_dir))
@@ -60,16 +51,8 @@ def run_match(
 
     # distances first: load_state_dict below writes into the tensors that source_state holds
     before_dist, after_dist = distance(source_state, anchor_state, layout), distance(matched_state, anchor_state, layout)
-    inputs = probe_inputs(model.config, probe_batch, probe_len, seed)
-    before = model_outputs(model, inputs)
-    model.load_state_dict(matched_state)
-    change = (model_outputs(model, inputs) - before).abs().max().item()
-    relative = change / max(1.0, before.abs().max().item())
-    if relative > max_relative_output_change:
-        raise SymfusionError(
-            f"matched model changes the source's outputs by {change:.3g} (relative {relative:.3g} > "
-            f"{max_relative_output_change}); not writing {output}. Run in float64 or report this as a bug"
-        )
+    change, relative = check_function_preserved(model, matched_state, max_relative_output_change, "matched model",
+                                                output, seed=seed, batch_size=probe_batch, seq_len=probe_len)
     report = {
         "source": str(source_dir), "anchor": str(anchor_dir), "output": str(output),
         "matching": matching_name, "matching_config": asdict(matching),

@@ -6,26 +6,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from symfusion.errors import SymfusionError
-
-
-@torch.no_grad()
-def evaluate_image_classifier(model: torch.nn.Module, dataset, batch_size: int = 512) -> dict:
-    """{"accuracy", "loss" (mean cross-entropy), "n"} of `model` on `dataset`; the model is left in eval mode."""
-    model.eval()
-    device = next(model.parameters()).device
-    correct, loss_sum, count = 0, 0.0, 0
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        labels = batch["labels"].to(device)
-        logits = model(pixel_values=batch["pixel_values"].to(device)).logits
-        loss_sum += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum").item()
-        correct += (logits.argmax(dim=-1) == labels).sum().item()
-        count += batch["labels"].shape[0]
-    if count == 0:
-        raise SymfusionError("the evaluation split is empty; check the task's limit settings")
-    return {"accuracy": correct / count, "loss": loss_sum / count, "n": count}
+from symfusion.modelio import compute_device, load_model, write_json_atomic
+from symfusion.provenance import provenance
 
 
 def model_origin(model_dir: Path) -> dict:
@@ -44,27 +28,21 @@ def merge_origin(merge: dict) -> dict:
 
 def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,
                    split: str = "test") -> list[dict]:
-    """Per task: metrics of `model` on its split (text: with the head of heads[i] copied in first, if given).
+    """Per task object: metrics of `model` on its split (with the head of heads[i] copied in first, if given).
 
     `model_dir` is where the tokenizer of a text model lives; `model` is moved to the compute device.
     """
-    from symfusion.modelio import compute_device
-    from symfusion.tasks import evaluate_split, is_text
-
     heads = heads or [None] * len(tasks)
     if len(heads) != len(tasks):
         raise SymfusionError(f"{len(heads)} heads for {len(tasks)} tasks: give one head folder per task")
     results = []
     for task, head in zip(tasks, heads):
         if head:
-            if not is_text(task):
-                raise SymfusionError("head_from is for text tasks (classifier heads copied from a fine-tuned model)")
-            from symfusion.evaluate_text import copy_head
-            copy_head(model, head)
+            task.copy_head(model, head)
         model.to(compute_device())
-        results.append({"task": task.name, "kind": task.kind, "metric": task.get("metric", "accuracy"),
+        results.append({"task": task.name, "kind": task.kind, "metric": task.metric_name,
                         "split": split, "head_from": head,
-                        "metrics": evaluate_split(model, task, split, model_dir=model_dir)})
+                        "metrics": task.evaluate(model, split, model_dir=model_dir)})
     return results
 
 
@@ -79,9 +57,6 @@ def evaluation_report(model: str | None, origin: dict, results: list[dict], spli
 def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
                  heads: list | None = None) -> dict:
     """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
-    from symfusion.modelio import load_model, write_json_atomic
-    from symfusion.provenance import provenance
-
     if not model or not Path(model).is_dir():
         raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
     if not output:

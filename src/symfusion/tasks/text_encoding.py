@@ -9,10 +9,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from symfusion.arch import family_spec
+from symfusion.data.text import KINDS as TEXT_KINDS
 from symfusion.errors import SymfusionError
+from symfusion.modelio import load_model
 from symfusion.text_metrics import get_metric
 
-TEXT_KINDS = ("text_classification", "token_classification", "regression")
 IGNORE_INDEX = -100        # label of special tokens, padding and non-first sub-tokens (ignored by the loss)
 
 
@@ -195,7 +196,6 @@ def head_keys(model: torch.nn.Module) -> list[str]:
 
 def copy_head(model: torch.nn.Module, head_dir: str | Path) -> list[str]:
     """Replace `model`'s task head (and its id2label / label2id) by the one in head_dir; returns the keys copied."""
-    from symfusion.modelio import load_model
     donor = load_model(head_dir)
     ours, theirs = type(model).__name__, type(donor).__name__
     if ours != theirs or donor.base_model_prefix != model.base_model_prefix:

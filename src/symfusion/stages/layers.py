@@ -9,15 +9,17 @@ i, and the last k layers for k = 1..L. One process, one JSON: 2L+1 merges of two
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from symfusion.arch import check_compatible, check_finite, family_spec, layout_of
+from symfusion.arch import family_spec, layout_of
 from symfusion.errors import SymfusionError
-from symfusion.matching import matching_config, match_models
-from symfusion.modelio import load_config, load_model, write_json_atomic
+from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.modelio import write_json_atomic
 from symfusion.provenance import provenance
+from symfusion.stages.common import load_models
 from symfusion.symmetry import apply_transform
 
 
@@ -50,11 +52,12 @@ def evaluate_with_body(model: torch.nn.Module, body: dict, evaluate) -> dict:
         model.load_state_dict(original, strict=False)
 
 
-def run_layer_sweep(anchor: str, source: str, tasks: list, matching: str, output: str, examples: int | None = None,
-                    resolved_config: dict | None = None) -> dict:
-    """Sweep layer subsets for the pair (anchor, source) and write the rows as JSON."""
-    from symfusion.tasks import evaluate_subset
-
+def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig | str, output: str,
+                    examples: int | None = None, resolved_config: dict | None = None,
+                    matching_name: str | None = None) -> dict:
+    """Sweep layer subsets for the pair (anchor, source) with the matching `matching` and write the rows as JSON."""
+    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+        matching_name, matching = matching, matching_config(matching)
     if len(tasks) != 2:
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK]: one task per model")
     if not output:
@@ -62,24 +65,21 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: str, output
     for path in (anchor, source):
         if not Path(path).is_dir():
             raise SymfusionError(f"model folder {path} does not exist; fine-tune it first")
-    check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
-    models = {"anchor": load_model(anchor), "source": load_model(source)}
+    loaded = load_models([anchor, source], same_shapes=False)      # two tasks: the heads differ
+    models = {"anchor": loaded[0], "source": loaded[1]}
     anchor_state, source_state = models["anchor"].state_dict(), models["source"].state_dict()
-    for name, state in (("anchor", anchor_state), ("source", source_state)):
-        check_finite(state, f"{name} model")
     layout = layout_of(models["source"].config, source_state)
     keys = body_keys(models["anchor"])
-    config = matching_config(matching)
     start, rows = time.perf_counter(), []
     for subset in subsets(layout.num_layers):
-        transform = match_models(source_state, anchor_state, layout, config, layers=subset["layers"]).transform
+        transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
         body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
         for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
             metrics = evaluate_with_body(models[role], body,
-                                         lambda m: evaluate_subset(m, task, examples, model_dir=folder))
+                                         lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
             rows.append({**subset, "task": task.name, "role": role, **metrics})
-    report = {"anchor": anchor, "source": source, "matching": matching, "num_layers": layout.num_layers,
-              "fusion": "simple", "examples": examples, "rows": rows, "seconds": time.perf_counter() - start,
-              "provenance": provenance(resolved_config)}
+    report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
+              "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,
+              "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
     write_json_atomic(report, output)
     return report

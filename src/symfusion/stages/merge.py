@@ -2,74 +2,37 @@
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from symfusion.arch import check_compatible, check_finite
+from symfusion.arch import check_finite
+from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, merge_models
-from symfusion.modelio import (atomic_directory, compute_device, copy_auxiliary_files, load_config, load_model,
-                               write_json_atomic)
+from symfusion.modelio import atomic_directory, compute_device, copy_auxiliary_files, write_json_atomic
 from symfusion.provenance import provenance
-from symfusion.tasks import statistic_batches
+from symfusion.stages.common import load_models, matching_of
+from symfusion.stages.evaluate import evaluate_tasks, evaluation_report, merge_origin
 
 # Fusion options that select data rather than being passed to the method.
 DATA_OPTIONS = ("name", "num_batches")
 
 
-def matching_of(model_dir: Path) -> str:
-    """The matching a model folder went through ('none' for an end model)."""
-    match_json = model_dir / "match.json"
-    return json.loads(match_json.read_text())["matching"] if match_json.is_file() else "none"
-
-
-def load_models(paths: list[str]) -> list[torch.nn.Module]:
-    """Models in order (the first is the anchor), after checking they can be merged."""
-    if not paths or len(paths) < 2:
-        raise SymfusionError("models=[ANCHOR,SOURCE,...] needs at least two model folders")
-    dirs = [Path(p) for p in paths]
-    for path in dirs:
-        if not path.is_dir():
-            raise SymfusionError(f"model folder {path} does not exist")
-    configs = [load_config(p) for p in dirs]
-    for path, config in zip(dirs[1:], configs[1:]):
-        check_compatible(config, configs[0], str(path), str(dirs[0]))
-    models = [load_model(p) for p in dirs]
-    for path, model in zip(dirs, models):
-        check_finite(model.state_dict(), f"model {path}")
-    check_same_shapes(models, dirs)
-    return models
-
-
-def check_same_shapes(models: list, dirs: list[Path]) -> None:
-    """Raise naming the first tensor whose shape differs (e.g. task heads with other label counts)."""
-    reference = models[0].state_dict()
-    for path, model in zip(dirs[1:], models[1:]):
-        for key, tensor in model.state_dict().items():
-            if key not in reference or reference[key].shape != tensor.shape:
-                found = tuple(reference[key].shape) if key in reference else "missing"
-                raise SymfusionError(
-                    f"{path} and {dirs[0]} differ in {key!r} ({tuple(tensor.shape)} vs {found}); "
-                    "models with different task heads cannot be fused whole: fuse models of one label space"
-                )
-
-
 def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
     """Statistic batches: one list shared by all models (one task), or each model's own task's batches."""
     if len(tasks) == 1:
-        return statistic_batches(tasks[0], num_batches, models[0])
+        return tasks[0].statistic_batches(num_batches, models[0])
     if len(tasks) != len(models):
         raise SymfusionError(f"{len(tasks)} tasks for {len(models)} models: give one task, or one per model")
-    return [statistic_batches(task, num_batches, model) for task, model in zip(tasks, models)]
+    return [task.statistic_batches(num_batches, model) for task, model in zip(tasks, models)]
 
 
-def fusion_config(name: str, conf_dir: str | Path, overrides: dict | None = None) -> dict:
+def fusion_config(name: str, overrides: dict | None = None) -> dict:
     """conf/fusion/<name>.yaml as a dict, with `overrides` (e.g. num_batches, alpha) on top."""
-    path = Path(conf_dir) / "fusion" / f"{name}.yaml"
+    path = CONF_DIR / "fusion" / f"{name}.yaml"
     if name not in FUSION_METHODS or not path.is_file():
         raise SymfusionError(f"unknown fusion method {name!r}; choose one of {', '.join(FUSION_METHODS)}")
     fusion = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
@@ -145,8 +108,6 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
     folder: one process instead of a merge and an evaluation per method, the models loaded once.
     The merged model's tokenizer is the anchor's.
     """
-    from symfusion.evaluate import evaluate_tasks, evaluation_report, merge_origin
-
     methods = [check_fusion(f) for f in fusions]
     if not methods or len(set(methods)) != len(methods):
         raise SymfusionError(f"methods={methods}: give one or more distinct fusion methods")

@@ -9,24 +9,24 @@ rotation+rescaling (rotation_joint) brings the two models than the paper's seque
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from symfusion.arch import check_same_layout, layout_of
 from symfusion.errors import SymfusionError
-from symfusion.matching import match_models, matching_config
+from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
-from symfusion.measures import distance, model_outputs, probe_inputs
+from symfusion.measures import distance
 from symfusion.modelio import atomic_directory, copy_auxiliary_files, write_json_atomic
 from symfusion.provenance import provenance
+from symfusion.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
 
 
 def load_group(model_dirs: list[str]):
     """(dirs, models, states, layout) for k >= 2 compatible, finite model folders."""
-    from symfusion.merge import load_models
-
     models = load_models(model_dirs)            # existence, compatibility, finiteness, equal shapes
     dirs = [Path(p) for p in model_dirs]
     states = [m.state_dict() for m in models]
@@ -36,7 +36,7 @@ def load_group(model_dirs: list[str]):
     return dirs, models, states, layouts[0]
 
 
-def method_summary(states, layout, matching: str, method: str):
+def method_summary(states, layout, matching: MatchConfig, method: str):
     """(summary dict, matched states) for one multi-model method."""
     start = time.perf_counter()
     result = match_group(states, layout, matching, method)
@@ -73,14 +73,8 @@ def write_models(dirs, models, matched, transforms, output_models_dir, max_relat
     """Save every matched model into <output_models_dir>/<i> after checking it computes the original function."""
     written = []
     for i, (path, model, state, transform) in enumerate(zip(dirs, models, matched, transforms)):
-        inputs = probe_inputs(model.config, seed=0)
-        before = model_outputs(model, inputs)
-        model.load_state_dict(state)
-        change = (model_outputs(model, inputs) - before).abs().max().item()
-        relative = change / max(1.0, before.abs().max().item())
-        if relative > max_relative_output_change:
-            raise SymfusionError(f"matched model {i} ({path}) changes its outputs by {change:.3g} (relative "
-                                 f"{relative:.3g}); not writing {output_models_dir}. Run in float64 or report a bug")
+        change, _ = check_function_preserved(model, state, max_relative_output_change, f"matched model {i} ({path})",
+                                             output_models_dir)
         target = Path(output_models_dir) / str(i)
         with atomic_directory(target) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)
@@ -92,26 +86,28 @@ def write_models(dirs, models, matched, transforms, output_models_dir, max_relat
 
 @torch.no_grad()
 def run_multimodel(
-    model_dirs: list[str], output: str, matching: str = "rotation", resolved_config: dict | None = None,
-    output_models_dir: str | None = None, max_relative_output_change: float = 1e-3, multi: str = "anchor",
+    model_dirs: list[str], output: str, matching: MatchConfig | str = "rotation", matching_name: str | None = None,
+    resolved_config: dict | None = None, output_models_dir: str | None = None,
+    max_relative_output_change: float = 1e-3, multi: str = "anchor",
 ) -> dict:
     """Compare anchor and barycentric matching of k models (and joint vs sequential per pair); write `output`.
 
     With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there.
     """
+    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+        matching_name, matching = matching, matching_config(matching)
     if not output:
         raise SymfusionError("output=FILE.json is required (where the multi-model matching report is written)")
     if multi not in METHODS:
         raise SymfusionError(f"matching.multi={multi!r}; choose one of {', '.join(METHODS)}")
-    config = matching_config(matching)
     dirs, models, states, layout = load_group(model_dirs)
     before = pairwise_distances(states)
     methods, matched_by_method = {}, {}
     for method in METHODS:
-        methods[method], matched, transforms = method_summary(states, layout, config, method)
+        methods[method], matched, transforms = method_summary(states, layout, matching, method)
         matched_by_method[method] = (matched, transforms)
     report = {
-        "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching, "family": layout.family,
+        "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching_name, "matching_config": asdict(matching), "family": layout.family,
         "sum_pairwise_distance_before": sum(before), "pairwise_distances_before": before,
         "sum_pairwise_sq_distance_before": pairwise_sq(states),
         "methods": methods,

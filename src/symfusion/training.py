@@ -1,0 +1,181 @@
+"""One training loop for every trainer: epochs, validation, keep-best, resumable safetensors checkpoints.
+
+A trainer (ViT from scratch in tasks/image.py, text fine-tuning in tasks/text.py) builds its model,
+optimizer, schedule and loader, then calls `fit`: one pass over the loader per epoch, a validation
+score after each epoch, the best epoch's weights kept (ties keep the earlier epoch; NaN ranks lowest),
+and after every epoch a checkpoint beside the output folder (`.NAME.checkpoint`) holding the model,
+the optimizer moments, the RNG states and the progress. A killed run resumes from it to the same
+weights it would have reached without the interruption; a checkpoint of another configuration (its
+fingerprint differs) is ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+
+def warmup_cosine(step: int, total: int, warmup_ratio: float) -> float:
+    """Learning-rate factor: linear warmup over warmup_ratio*total steps, then cosine decay to 0."""
+    warmup = max(1, int(round(warmup_ratio * total)))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def cosine_schedule(optimizer, total_steps: int, warmup_ratio: float):
+    """warmup_cosine as a scheduler (the ViT trainer's)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, total_steps, warmup_ratio))
+
+
+def linear_schedule(optimizer, total_steps: int, warmup_ratio: float):
+    """Linear warmup over ceil(warmup_ratio * total_steps) steps, then linear decay to 0 (Trainer's default)."""
+    warmup = math.ceil(warmup_ratio * total_steps)
+    return transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+
+
+def rank(score) -> float:
+    """Selection key of a validation score: NaN or None (an undefined correlation) ranks below everything."""
+    return -math.inf if score is None or math.isnan(score) else score
+
+
+# ---------------------------------------------------------------- resumable checkpoints (safetensors only)
+
+def checkpoint_dir(output: Path) -> Path:
+    """Where the checkpoint of a run writing `output` lives: beside it, hidden."""
+    output = Path(output)
+    return output.parent / f".{output.name}.checkpoint"
+
+
+def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, history: list, fingerprint: str,
+                    generator: torch.Generator) -> None:
+    """Model, AdamW moments, RNG states and progress after `epoch`, written atomically."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                tensors[f"optim.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu().clone()
+    tensors.update({f"best.{k}": v.cpu().contiguous() for k, v in best.get("state", {}).items()})
+    tensors["rng.torch"] = torch.get_rng_state()
+    tensors["rng.generator"] = generator.get_state()
+    meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
+            "best": {k: v for k, v in best.items() if k != "state"}}
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "state.safetensors"))
+    (tmp / "progress.json").write_text(json.dumps(meta))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: torch.Generator):
+    """(epoch, best, history) from a checkpoint of the same run, or None to start afresh."""
+    if not (path / "progress.json").is_file():
+        return None
+    try:
+        meta = json.loads((path / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None        # a damaged checkpoint: start afresh
+    if meta.get("fingerprint") != fingerprint:
+        return None        # a checkpoint of another configuration: ignore it
+    tensors = load_file(str(path / "state.safetensors"))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    params = dict(model.named_parameters())
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            name, slot = key[6:].rsplit(".", 1)
+            param = params[name]
+            optimizer.state[param][slot] = value if slot == "step" else value.to(param.device)
+    torch.set_rng_state(tensors["rng.torch"])
+    generator.set_state(tensors["rng.generator"])
+    best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
+    return meta["epoch"], {"state": best_state, **meta["best"]}, meta["history"]
+
+
+def remove_checkpoint(output: Path) -> None:
+    """Delete the checkpoint of a finished run (only the trainer's own hidden folder)."""
+    shutil.rmtree(checkpoint_dir(output), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the loop
+
+def train_epoch(loader, optimizer, scheduler, description: str, batch_loss) -> float:
+    """One pass over `loader` (the caller sets train mode): step on batch_loss(batch); the mean training loss."""
+    running = 0.0
+    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False)
+    for batch in bar:
+        loss = batch_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        running += loss.item()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    return running / len(loader)
+
+
+def replay_schedule(scheduler, steps: int) -> None:
+    """Advance a resumed run's schedule to where it stopped (no optimizer step needed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(steps):
+            scheduler.step()
+
+
+@dataclass
+class Fitted:
+    """What `fit` returns: the best epoch (score, epoch), the history, and where the run resumed."""
+
+    best_score: float | None
+    best_epoch: int | None
+    history: list[dict]
+    resumed_after_epoch: int | None
+    seconds: float
+    epoch_seconds: list[float] = field(default_factory=list)
+
+
+def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batch_loss: Callable,
+        validate: Callable, epochs: int, fingerprint: str, generator: torch.Generator, metric: str) -> Fitted:
+    """Train `epochs` epochs (resuming from output's checkpoint), keep the best validation epoch in `model`.
+
+    batch_loss(batch) -> loss tensor; validate(model) -> (score, {name: value} for the history).
+    The model ends on the CPU in eval mode with the best epoch's weights.
+    """
+    checkpoint = checkpoint_dir(output)
+    start_epoch, best, history = 0, {"score": None, "epoch": None}, []
+    resumed = load_checkpoint(checkpoint, model, optimizer, fingerprint, generator)
+    if resumed:
+        start_epoch, best, history = resumed
+        replay_schedule(scheduler, start_epoch * len(loader))
+        print(f"resumed from {checkpoint} after epoch {start_epoch}", flush=True)
+    start, epoch_seconds = time.perf_counter(), []
+    for epoch in range(start_epoch, epochs):
+        tick = time.perf_counter()
+        model.train()
+        train_loss = train_epoch(loader, optimizer, scheduler, f"epoch {epoch + 1}/{epochs}", batch_loss)
+        epoch_seconds.append(time.perf_counter() - tick)
+        score, fields = validate(model)
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, **fields})
+        print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, validation {metric} {score:.4f}", flush=True)
+        if best["epoch"] is None or rank(score) > rank(best["score"]):
+            best = {"score": score, "epoch": epoch + 1,
+                    "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
+        save_checkpoint(checkpoint, model, optimizer, epoch + 1, best, history, fingerprint, generator)
+    model.load_state_dict(best["state"])
+    model.to("cpu").eval()
+    return Fitted(best_score=best["score"], best_epoch=best["epoch"], history=history,
+                  resumed_after_epoch=resumed[0] if resumed else None, seconds=time.perf_counter() - start,
+                  epoch_seconds=epoch_seconds)

@@ -1,0 +1,123 @@
+"""The code's shape: imports flow one way (no cycle, no upward import, no import hidden inside a function)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "symfusion"
+
+# Layers from the bottom up; a module may import only from its own layer or a lower one.
+LAYERS = [
+    ("base", ["errors", "config", "provenance", "text_metrics"]),
+    ("library", ["arch", "symmetry", "measures", "interpolation", "matching", "fusion", "modelio", "basemodels",
+                 "training", "data", "revisions", "standins", "sharded", "align"]),
+    ("tasks", ["tasks"]),
+    ("stages", ["stages", "report"]),
+    ("cli", ["cli"]),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), filename=str(p)) for p in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for index, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return index
+    raise AssertionError(f"{module} belongs to no layer of tests/test_architecture.py; add it to LAYERS")
+
+
+def imported(tree: ast.Module, module: str, top_level_only: bool) -> set[str]:
+    """symfusion modules imported by a module (at the top level only, or anywhere)."""
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("symfusion"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("symfusion"))
+    return found
+
+
+def resolve(name: str, known: set[str]) -> str | None:
+    """The module an imported name refers to (a module, or the module defining an imported attribute)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_every_module_belongs_to_a_layer():
+    for name in modules():
+        if name != "symfusion":
+            layer_of(name)
+
+
+def test_no_symfusion_import_inside_a_function_outside_the_cli():
+    nested = []
+    for name, tree in modules().items():
+        if name == "symfusion.cli":
+            continue       # its entry points import their own stage lazily (cheap start-up per job)
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and imported(
+                            ast.Module(body=[node], type_ignores=[]), name, True):
+                        nested.append(f"{name}:{node.lineno} in {function.name}()")
+    assert nested == []
+
+
+def test_imports_only_go_down_the_layers():
+    trees = modules()
+    known = set(trees)
+    upward = []
+    for name, tree in trees.items():
+        if name == "symfusion":
+            continue
+        for target in filter(None, (resolve(t, known) for t in imported(tree, name, False))):
+            if target != "symfusion" and layer_of(target) > layer_of(name):
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+
+
+def test_no_import_cycle():
+    trees = modules()
+    known = set(trees)
+    graph = {name: {t for t in map(lambda x: resolve(x, known), imported(tree, name, False)) if t and t != name}
+             for name, tree in trees.items()}
+    # a package's __init__ re-exporting its submodules is not a cycle through the package
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not (t == name.rpartition(".")[0] and t in trees)}
+    state, stack, cycles = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                cycles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("forbidden", ["is_text", "TEXT_KINDS", "IMAGE_KINDS"])
+def test_no_task_kind_branches_outside_the_tasks_package(forbidden):
+    users = [name for name, tree in modules().items()
+             if not name.startswith("symfusion.tasks") and not name.startswith("symfusion.data")
+             and any(isinstance(n, ast.Name) and n.id == forbidden for n in ast.walk(tree))]
+    assert users == []
