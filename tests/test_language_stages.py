@@ -55,6 +55,7 @@ def test_base_model_specs_resolve_to_folders(tmp_path, monkeypatch):
     cached = tmp_path / "org__tiny"
     cached.mkdir()
     (cached / "config.json").write_text("{}")
+    (cached / "model.safetensors").write_bytes(b"")      # complete = config.json + safetensors weights (test_pins.py)
     assert resolve_base_model("hub:org/tiny", cache_dir=tmp_path) == cached      # reused, no download
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SymfusionError, match="HF_HUB_OFFLINE=1"):

@@ -1,9 +1,16 @@
-"""Image datasets from the Hugging Face Hub (paper profile: CIFAR-10) through the `datasets` library."""
+"""Image datasets from the Hugging Face Hub (paper profile: CIFAR-10) through the `datasets` library.
+
+`dataset` is a Hub id read at `revision` (a pinned commit: conf/task/cifar10.yaml) or a local folder of
+Parquet files laid out as on the Hub (the rehearsal profile's stand-in), read by the same call.
+"""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
 from symfusion.errors import SymfusionError
+from symfusion.revisions import check_revision
 
 
 def _to_array(images) -> np.ndarray:
@@ -16,11 +23,13 @@ def _to_array(images) -> np.ndarray:
 
 def load_hub_images(dataset: str, image_column: str = "img", label_column: str = "label",
                     splits: tuple = ("train", "test"), revision: str | None = None) -> dict:
-    """{"train": (x, y), "test": (x, y)} from a Hub dataset id or a local folder of Parquet files."""
+    """{"train": (x, y), "test": (x, y)} from a Hub dataset id (at `revision`) or a local folder of Parquet files."""
     try:
         import datasets
     except ImportError as error:
         raise SymfusionError("the paper profile needs the `datasets` package: pip install datasets") from error
+    if not Path(dataset).is_dir():
+        check_revision(dataset, revision, "options.revision in conf/task/<name>.yaml")
     arrays = {}
     for split in splits:
         try:

@@ -3,7 +3,10 @@
 Parquet-backed datasets only (the `datasets` library no longer runs loading scripts): repositories
 that still hold a script are read from their automatic Parquet export, `revision="refs/convert/parquet"`
 with `data_dir=<config>`. Nothing here needs the network once the data sit in the Hugging Face cache
-(then HF_HUB_OFFLINE=1 works), and `dataset` may be a local folder of Parquet files (the tests do that).
+(then HF_HUB_OFFLINE=1 works), and `dataset` may be a local folder of Parquet files laid out as on the Hub (the
+tests and the rehearsal profile's stand-ins do that: the same call, with the preset's other options unchanged).
+Every preset names the commit it is read at (`revision`); the Parquet exports whose commit could not be
+confirmed carry a symfusion.revisions placeholder, which is refused when the Hub would be asked.
 
 `hub_text` returns the same raw examples as the offline loaders of `symfusion.data.text`;
 `HUB_TEXT_PRESETS` names the paper's datasets (see HUB_PRESET_NOTES and docs/data_card.md for why each).
@@ -13,8 +16,11 @@ from __future__ import annotations
 import inspect
 import math
 
+from pathlib import Path
+
 from symfusion.data.text.splits import KINDS, NER_TAGS, REGRESSION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, repair_bio
 from symfusion.errors import SymfusionError
+from symfusion.revisions import check_revision, unpinned
 
 DEFAULT_SPLIT_NAMES = {"train": "train", "validation": "validation", "test": "test"}
 
@@ -49,40 +55,48 @@ ONTONOTES_TAG_MAP = {"PERSON": "PER", "GPE": "LOC", "LOC": "LOC", "FAC": "LOC", 
 CONLL2003_TAG_MAP = {"PER": "PER", "LOC": "LOC", "ORG": "ORG"}
 GLUE_SPLITS = {"train": "train", "test": "validation"}   # GLUE test labels are hidden: validation is our test
 
+# The commit each Hub dataset is read at (sources: docs/data_card.md, "Pinned revisions").
+DAIR_EMOTION_REVISION = "cab853a1dbdf4c42c2b3ef2173804746df8825fe"
+TWEET_EVAL_REVISION = "b3a375baf0f409c77e6bc7aa35102b7b3534f8be"
+GO_EMOTIONS_REVISION = "add492243ff905527e67aeb8b80c082af02207c3"
+GLUE_REVISION = "bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c"
+PARQUET_EXPORT = unpinned("refs/convert/parquet")   # no commit of the Parquet export branch could be confirmed
+
 HUB_TEXT_PRESETS: dict[str, dict] = {
     "emotion_dair": dict(
-        dataset="dair-ai/emotion", config="split", text_column="text", label_column="label",
+        dataset="dair-ai/emotion", config="split", revision=DAIR_EMOTION_REVISION, text_column="text", label_column="label",
         source_label_names=["sadness", "joy", "love", "anger", "fear", "surprise"],
         label_map={"sadness": "sadness", "joy": "joy", "love": "joy", "anger": "anger", "fear": "fear", "surprise": "surprise"},
         label_names=EMOTION_LABELS),
     "emotion_tweeteval": dict(
-        dataset="cardiffnlp/tweet_eval", config="emotion", text_column="text", label_column="label",
+        dataset="cardiffnlp/tweet_eval", config="emotion", revision=TWEET_EVAL_REVISION, text_column="text", label_column="label",
         source_label_names=["anger", "joy", "optimism", "sadness"],
         label_map={"anger": "anger", "joy": "joy", "optimism": "joy", "sadness": "sadness"},
         label_names=EMOTION_LABELS),
     "emotion_goemotions": dict(
-        dataset="google-research-datasets/go_emotions", config="simplified", text_column="text", label_column="labels",
+        dataset="google-research-datasets/go_emotions", config="simplified", revision=GO_EMOTIONS_REVISION,
+        text_column="text", label_column="labels",
         source_label_names=GOEMOTIONS_NAMES, label_map=GOEMOTIONS_TO_EKMAN, label_names=EMOTION_LABELS),
     "emotion_dailydialog": dict(
-        dataset="li2017dailydialog/daily_dialog", revision="refs/convert/parquet", data_dir="default",
+        dataset="li2017dailydialog/daily_dialog", revision=PARQUET_EXPORT, data_dir="default",
         explode_column=["dialog", "emotion"], text_column="dialog", label_column="emotion",
         source_label_names=["no emotion", "anger", "disgust", "fear", "happiness", "sadness", "surprise"],
         label_map={"no emotion": "neutral", "anger": "anger", "disgust": "disgust", "fear": "fear", "happiness": "joy",
                    "sadness": "sadness", "surprise": "surprise"},
         label_names=EMOTION_LABELS),
     **{f"ontonotes_{domain}": dict(
-        dataset="ontonotes/conll2012_ontonotesv5", revision="refs/convert/parquet", data_dir="english_v4",
+        dataset="ontonotes/conll2012_ontonotesv5", revision=PARQUET_EXPORT, data_dir="english_v4",
         explode_column="sentences", tokens_column="words", tags_column="named_entities",
         source_label_names=ONTONOTES_TAGS, tag_map=ONTONOTES_TAG_MAP, domain_column="document_id", domain_value=domain)
        for domain in ONTONOTES_DOMAINS},
     "conll2003": dict(
-        dataset="eriktks/conll2003", revision="refs/convert/parquet", data_dir="conll2003",
+        dataset="eriktks/conll2003", revision=PARQUET_EXPORT, data_dir="conll2003",
         tokens_column="tokens", tags_column="ner_tags", source_label_names=CONLL2003_TAGS, tag_map=CONLL2003_TAG_MAP),
-    "glue_cola": dict(dataset="nyu-mll/glue", config="cola", split_names=GLUE_SPLITS, text_column="sentence",
+    "glue_cola": dict(dataset="nyu-mll/glue", config="cola", revision=GLUE_REVISION, split_names=GLUE_SPLITS, text_column="sentence",
                       label_column="label", source_label_names=["unacceptable", "acceptable"]),
-    "glue_sst2": dict(dataset="nyu-mll/glue", config="sst2", split_names=GLUE_SPLITS, text_column="sentence",
+    "glue_sst2": dict(dataset="nyu-mll/glue", config="sst2", revision=GLUE_REVISION, split_names=GLUE_SPLITS, text_column="sentence",
                       label_column="label", source_label_names=["negative", "positive"]),
-    "glue_stsb": dict(dataset="nyu-mll/glue", config="stsb", split_names=GLUE_SPLITS, text_column="sentence1",
+    "glue_stsb": dict(dataset="nyu-mll/glue", config="stsb", revision=GLUE_REVISION, split_names=GLUE_SPLITS, text_column="sentence1",
                       text_pair_column="sentence2", label_column="label", kind="regression"),
 }
 
@@ -169,11 +183,18 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
+def is_local(dataset: str) -> bool:
+    """A local folder (read as is: a revision means nothing there) rather than a Hub id."""
+    return Path(dataset).is_dir()
+
+
 def _load(dataset: str, config, revision, data_dir, hf_cache_dir):
     try:
         import datasets
     except ImportError as error:
         raise SymfusionError("the paper profile needs the `datasets` package: pip install datasets") from error
+    if not is_local(dataset):
+        check_revision(dataset, revision, "options.revision of the task (conf/task/<name>.yaml)")
     try:
         loaded = datasets.load_dataset(dataset, config, data_dir=data_dir, revision=revision, cache_dir=hf_cache_dir)
     except Exception as error:  # the library raises many types (offline, missing config, bad id, scripts)
@@ -404,7 +425,8 @@ def hub_text(dataset: str, config: str | None = None, split_names: dict | None =
     if not splits["train"]:
         where = f" with {domain_column} = {domain_value!r}" if domain_column else ""
         raise SymfusionError(f"no training examples in {dataset!r}{where}; check the domain and column options")
-    info = {"dataset": dataset, "config": config, "revision": revision, "data_dir": data_dir,
+    info = {"dataset": dataset, "location": "local" if is_local(dataset) else "hub", "config": config,
+            "revision": revision, "data_dir": data_dir,
             "split_names": mapping, **{k: v for k, v in counts.items() if v}}
     return {"kind": kind, "label_names": target if kind != REGRESSION else None, "splits": splits, "info": info}
 
