@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # Set up symfusion from scratch: Debian's Fashion-MNIST (mini profile data), a virtual environment
-# in .venv with the CPU build of PyTorch pinned first, then the project and its test tools.
+# in .venv with PyTorch pinned first, then the project with the pipeline's packages and the test tools.
 # Used by the README's quick start and by CI (.ci/run). Safe to run again.
+#   bash scripts/setup.sh            # the CPU build of torch (laptops, CI)
+#   bash scripts/setup.sh --cuda     # a CUDA build of the same torch (GPU nodes; TORCH_CUDA_INDEX picks the
+#                                    # wheel index, default the CUDA 12.8 builds of download.pytorch.org)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.13.0
+CUDA=0
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    *) echo "error: unknown option $arg; use --cuda for a GPU build of torch" >&2; exit 2 ;;
+  esac
+done
 
 FASHION_DIR=/usr/share/datasets/fashion-mnist
 if [ ! -f "$FASHION_DIR/train-images-idx3-ubyte.gz" ]; then
@@ -20,7 +32,11 @@ fi
 [ -d .venv ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-# The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-python -m pip install --quiet torch==2.13.0
+if [ "$CUDA" = 1 ]; then
+  python -m pip install --quiet "torch==$TORCH_VERSION" --index-url "${TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu128}"
+else
+  # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+  python -m pip install --quiet "torch==$TORCH_VERSION"
+fi
 python -m pip install --quiet -e ".[pipeline,dev]"
-echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__)'))"
+echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__, "CUDA" if torch.version.cuda else "CPU")'))"

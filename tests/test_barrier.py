@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from symfusion.interpolation import alpha_grid, barrier_height, interpolate, loss_path
+from symfusion.interpolation import alpha_grid, barrier_height, barrier_range, interpolate, loss_path
 from tiny_models import tiny_model
 
 
@@ -12,6 +12,12 @@ def test_barrier_of_a_straight_line_is_zero_and_of_a_bump_is_its_height():
     assert barrier_height(alphas, [1.0, 1.25, 1.5, 1.75, 2.0]) == pytest.approx(0.0)
     assert barrier_height(alphas, [1.0, 2.0, 3.5, 2.0, 2.0]) == pytest.approx(2.0)
     assert barrier_height(alphas, [1.0, 0.5, 0.5, 0.5, 1.0]) == pytest.approx(0.0)   # convex path: 0 at ends
+
+
+def test_the_papers_barrier_is_the_range_of_the_loss_along_the_path():
+    assert barrier_range([1.0, 1.25, 1.5, 1.75, 2.0]) == pytest.approx(1.0)      # a straight line has a range
+    assert barrier_range([1.0, 2.0, 3.5, 2.0, 2.0]) == pytest.approx(2.5)
+    assert barrier_range([1.0, 0.5, 0.5, 0.5, 1.0]) == pytest.approx(0.5)        # a valley counts too
 
 
 def test_interpolate_endpoints_and_midpoint():
@@ -34,4 +40,6 @@ def test_path_ends_are_the_end_models():
     assert result["path"][0]["loss"] == pytest.approx(expected_b)
     assert result["path"][-1]["loss"] == pytest.approx(expected_a)
     mid = result["path"][1]["loss"]
-    assert result["barrier"] == pytest.approx(max(0.0, mid - (expected_a + expected_b) / 2))
+    assert result["barrier_linear"] == pytest.approx(max(0.0, mid - (expected_a + expected_b) / 2))
+    losses = [expected_b, mid, expected_a]
+    assert result["barrier"] == pytest.approx(max(losses) - min(losses))     # the paper's: the range

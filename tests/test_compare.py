@@ -51,3 +51,65 @@ def test_missing_run_dir_is_a_one_line_error(tmp_path, capsys):
 def test_timing_columns_are_not_compared(tmp_path):
     row = dict(ROW, seconds="1.0")
     assert main(run_dirs(tmp_path, [dict(row, seconds="9.0")], [row]) + ["--exact"]) == 0
+
+
+def full_run(tmp_path, name, figures_link=True):
+    """A run folder with every artefact and a report.md that shows its figures (as the pipeline writes)."""
+    run, figures = tmp_path / name / "results" / "p", tmp_path / name / "figures" / "p"
+    for table in ("table1.csv", "table2.csv", "multimodel.csv"):
+        write(run / table, [ROW])
+    for data in ("fig3_ablation.csv", "fig4_distance.csv", "fig5_barrier.csv", "fig6_layers.csv"):
+        write(figures / data, [ROW])
+    link = "![Figure 3](../../figures/p/fig3_ablation.png)\n" if figures_link else ""
+    (run / "report.md").write_text("# symfusion reproduction report\n\n" + link)
+    return run, figures
+
+
+def test_figures_are_found_from_the_runs_own_report_wherever_compare_runs(tmp_path, capsys, monkeypatch):
+    run, _ = full_run(tmp_path, "a")
+    ref, ref_figures = full_run(tmp_path, "b")
+    monkeypatch.chdir(tmp_path / "b")                       # not the run's folder
+    assert main([str(run), "--reference", str(ref), "--reference-figures", str(ref_figures), "--exact"]) == 0
+    assert "7 file(s) agree" in capsys.readouterr().out
+    bare, _ = full_run(tmp_path, "c", figures_link=False)
+    assert main([str(bare), "--reference", str(ref), "--reference-figures", str(ref_figures)]) == 2
+    assert "pass --figures" in capsys.readouterr().err
+
+
+def test_a_missing_or_extra_artefact_is_a_difference(tmp_path, capsys):
+    run, figures = full_run(tmp_path, "a")
+    ref, ref_figures = full_run(tmp_path, "b")
+    args = [str(run), "--reference", str(ref), "--reference-figures", str(ref_figures), "--exact"]
+    (run / "table1.csv").unlink()
+    assert main(args) == 1
+    assert "table1.csv: missing from the run" in capsys.readouterr().out
+    for table in ("table2.csv", "multimodel.csv"):
+        (run / table).unlink()
+    for data in ("fig3_ablation.csv", "fig4_distance.csv", "fig5_barrier.csv"):
+        (figures / data).unlink()
+    assert main(args) == 1                                    # six of seven missing: six differences
+    assert capsys.readouterr().out.startswith("6 difference(s)")
+    run2, _ = full_run(tmp_path, "c")
+    (ref / "table2.csv").unlink()
+    assert main([str(run2), "--reference", str(ref), "--reference-figures", str(ref_figures)]) == 1
+    assert "table2.csv: the run has it but the reference" in capsys.readouterr().out
+
+
+def test_malformed_binary_and_extra_columns_are_differences_not_tracebacks(tmp_path, capsys):
+    run, _ = full_run(tmp_path, "a")
+    ref, ref_figures = full_run(tmp_path, "b")
+    args = [str(run), "--reference", str(ref), "--reference-figures", str(ref_figures)]
+    (run / "table1.csv").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    (run / "table2.csv").write_text("method,ours_none\nsimple,1,2\n")
+    write(run / "multimodel.csv", [dict(ROW, extra="1")])
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "table1.csv" in out and "malformed" in out and "table2.csv" in out and "line 2 has 3 fields" in out
+    assert "column(s) ['extra'] are not in the reference" in out
+
+
+def test_a_non_finite_or_negative_tolerance_is_refused(tmp_path, capsys):
+    for bad in ("nan", "inf", "-1"):
+        assert main(run_dirs(tmp_path, [ROW], [ROW]) + ["--tolerance", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --tolerance") and "\n" not in err

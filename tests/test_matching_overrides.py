@@ -7,11 +7,12 @@ import transformers as tf
 from hydra import compose, initialize_config_dir
 
 from symfusion import cli
+from symfusion.config import CONF_DIR
 from tiny_models import randomize
 
 
 def run(name: str, command, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         command(compose(config_name=name, overrides=overrides))
 
 

@@ -90,3 +90,14 @@ def test_bad_model_configs_are_refused(tmp_path):
         train_image_classifier(str(tmp_path / "m"), toy_splits(), {"patch_size": 4}, 0, 1, 16, 1e-3, 0.0, 0.1)
     with pytest.raises(SymfusionError, match="divisible by patch_size"):
         train_image_classifier(str(tmp_path / "m"), toy_splits(), dict(MODEL, patch_size=3), 0, 1, 16, 1e-3, 0.0, 0.1)
+
+
+def test_the_bf16_autocast_path_trains_and_saves_float32_weights(tmp_path):
+    """The path GPUs take by default (bfloat16 autocast), run on the CPU so that it cannot rot."""
+    report = train_image_classifier(str(tmp_path / "bf16"), toy_splits(), MODEL, seed=0, epochs=3, batch_size=16,
+                                    lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, precision="bf16")
+    assert report["bf16_autocast"] is True and report["validation_accuracy"] > 0.9
+    assert all(t.dtype == torch.float32 for t in weights(tmp_path / "bf16").values())
+    fp32 = train(tmp_path, "fp32", epochs=1)
+    assert json.loads((tmp_path / "fp32" / "train.json").read_text())["bf16_autocast"] is False
+    assert fp32["validation_accuracy"] > 0.5

@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
 from symfusion import cli
+from symfusion.config import CONF_DIR
 from symfusion.stages.evaluate import run_evaluate
 from symfusion.report.tables import table2_rows
 from symfusion.tasks import make_task
@@ -16,7 +17,7 @@ TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
 
 
 def config(name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return compose(config_name=name, overrides=overrides)
 
 
@@ -165,10 +166,17 @@ def test_unknown_fusion_method_is_refused(capsys, tmp_path):
 def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
     paths = []
     for matching, accuracy in (("none", 0.5), ("rotation_no_rescale", 0.6), ("rotation", 0.62)):
+        correct = [1] * int(1000 * accuracy) + [0] * (1000 - int(1000 * accuracy))
+        source = "models/seed1" if matching == "none" else f"matched/seed1-onto-seed0/{matching}"
         path = tmp_path / f"{matching}.json"
-        path.write_text(json.dumps({"method": "simple", "matching": matching, "metrics": {"accuracy": accuracy}}))
+        path.write_text(json.dumps({
+            "method": "simple", "matching": matching, "metrics": {"accuracy": accuracy},
+            "merged_models": ["models/seed0", source],
+            "results": [{"task": "digits", "per_example": {"correct": correct, "loss": [0.0] * 1000}}]}))
         paths.append(str(path))
     (row,) = table2_rows(paths)
     assert row["ours_none"] == pytest.approx(50.0) and row["ours_full"] == pytest.approx(62.0)
     assert row["paper_none"] == pytest.approx(7.60) and row["paper_full"] == pytest.approx(10.19)
-    assert row["ours_effect"] == "helps" and row["paper_effect"] == "helps" and row["effect_agrees"] is True
+    assert row["effect"] == pytest.approx(12.0) and row["effect_low"] < 12.0 < row["effect_high"]
+    assert row["effect_low"] > 0 and row["pairs"] == 1
+    assert row["ours_effect"] == "helps" and row["paper_effect"] == "helps" and row["effect_agrees"] == "yes"

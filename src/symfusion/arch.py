@@ -215,7 +215,8 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 
 # Config fields that must agree between models that are matched or merged (plus the family's own).
-SHAPE_FIELDS = ("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
+SHAPE_FIELDS = ("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "type_vocab_size", "image_size", "patch_size", "num_channels")
 
 
 def family_of(config) -> str:

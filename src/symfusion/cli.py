@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sys
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from symfusion.config import CONF_DIR
+from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
+                              number, text)
 from symfusion.errors import SymfusionError
 
 
@@ -22,6 +23,9 @@ def report_errors(command):
             return command(cfg)
         except SymfusionError as error:
             print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        except OmegaConfBaseException as error:    # e.g. an interpolation ${...} that does not resolve
+            print(f"error: {str(error).strip().splitlines()[0]}; check the command line's values", file=sys.stderr)
             sys.exit(2)
         except ModuleNotFoundError as error:       # an optional package of the pipeline's stages
             if not error.name or error.name.split(".")[0] == "symfusion":
@@ -97,10 +101,12 @@ def data_command(cfg: DictConfig) -> None:
 def train_command(cfg: DictConfig) -> None:
     """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]: a ViT from scratch or a text fine-tune"""
     from symfusion.stages.train import run_train
+    from symfusion.tasks import profile_model
 
     if not cfg.output:
         raise SymfusionError("output=DIR is required")
-    report = run_train(_task(cfg), _container(cfg.model), cfg.seed, cfg.output, cfg.threads, _resolved(cfg))
+    model = _container(profile_model(cfg.model, cfg.get("profile")))
+    report = run_train(_task(cfg), model, cfg.seed, cfg.output, cfg.threads, _resolved(cfg), cfg.precision)
     print(f"trained {cfg.model.name} on {cfg.task.name} (seed {cfg.seed}): validation score "
           f"{report['validation_score']:.4f} (epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
 
@@ -120,14 +126,15 @@ def merge_command(cfg: DictConfig) -> None:
         fusions = [fusion_config(name, options.get(name)) for name in _container(cfg.methods)]
         eval_tasks = _tasks(cfg, "eval_tasks") or [_task(cfg)]
         reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks,
-                                     _container(cfg.get("eval_heads")), _resolved(cfg), tasks=tasks)
+                                     _container(cfg.get("eval_heads")), _resolved(cfg), tasks=tasks,
+                                     precision=cfg.precision)
         for report in reports:
             summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
             print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
                   f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
         return
     report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, _resolved(cfg),
-                       tasks=tasks)
+                       tasks=tasks, precision=cfg.precision)
     print(f"merged {len(report['models'])} models with {report['method']} "
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
 
@@ -143,7 +150,8 @@ def evaluate_command(cfg: DictConfig) -> None:
         heads = _container(cfg.get("heads")) or [None] * len(tasks)
     else:
         tasks, heads = [_task(cfg)], [cfg.get("head_from")]
-    report = run_evaluate(cfg.model_dir, tasks, cfg.output, cfg.split, _resolved(cfg), heads=heads)
+    report = run_evaluate(cfg.model_dir, tasks, cfg.output, cfg.split, _resolved(cfg), heads=heads,
+                          precision=cfg.precision)
     summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
     print(f"evaluated {cfg.model_dir}/{cfg.split}: {summary} -> {cfg.output}")
 
@@ -194,23 +202,93 @@ def report_command(cfg: DictConfig) -> None:
     print(f"{cfg.artefact}: {len(rows)} rows -> {cfg.output}")
 
 
-def hydra_entry(config_name: str, command):
-    """A console-script main() running `command` under Hydra with conf/<config_name>.yaml."""
-    @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
-    def main(cfg: DictConfig) -> None:
-        command(cfg)
+# ---------------------------------------------------------------- what every command accepts
+
+PATH, PATHS = text(), listing(text())
+SPLIT = choice("train", "validation", "test")
+PRECISION = choice("auto", "bf16", "fp32")
+TASK_CHECKS = {
+    "task.split_seed": integer(0), "task.eval_batch_size": integer(1), "task.fusion_batch_size": integer(1),
+    "task.limit": mapping(optional=True), "task.max_length": integer(1, optional=True),
+    "task.train.epochs": integer(1), "task.train.batch_size": integer(1), "task.train.lr": number(0, strict_low=True),
+    "task.train.weight_decay": number(0), "task.train.warmup_ratio": number(0, 1),
+}
+MATCHING_CHECKS = {
+    "matching.attention": choice("none", "rotation", "permutation"), "matching.rescale": flag(),
+    "matching.ffn": choice("none", "permutation", "ot"), "matching.joint": flag(optional=True),
+    "matching.multi": choice("anchor", "barycenter", optional=True),
+}
+CHECKS = {
+    "data": {"output": PATH, **TASK_CHECKS},
+    "train": {"output": PATH, "seed": integer(0), "threads": integer(1, optional=True), "precision": PRECISION,
+              **TASK_CHECKS},
+    "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
+              "last_layers": integer(0, optional=True), "seed": integer(0), "probe.batch_size": integer(1),
+              "probe.seq_len": integer(1), "max_relative_output_change": number(0, strict_low=True), **MATCHING_CHECKS},
+    "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
+              "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
+              "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),
+              "eval_heads": listing(text(), 1, optional=True), "precision": PRECISION, **TASK_CHECKS},
+    "evaluate": {"model_dir": PATH, "output": PATH, "split": SPLIT, "head_from": text(optional=True),
+                 "precision": PRECISION,
+                 "tasks": listing(text(), 1, optional=True), "heads": listing(text(), 1, optional=True),
+                 **TASK_CHECKS},
+    "barrier": {"anchor": PATH, "source": PATH, "output": PATH, "points": integer(2), "split": SPLIT,
+                "examples": integer(1, optional=True), **TASK_CHECKS},
+    "layers": {"anchor": PATH, "source": PATH, "output": PATH, "tasks": listing(text(), 2),
+               "examples": integer(1, optional=True), **MATCHING_CHECKS},
+    "multimodel": {"models": listing(text(), 2), "output": PATH, "output_models": text(optional=True),
+                   **MATCHING_CHECKS},
+    "report": {"artefact": PATH, "inputs": listing(text(), 1), "output": PATH},
+}
+
+
+def command_line(config_name: str, command, argv: list[str]) -> int:
+    """Compose conf/<config_name>.yaml with argv's overrides, check every value, run `command`; the exit code.
+
+    --help prints the command's usage and its options with their defaults (--cfg: the options only).
+    """
+    if any(arg in ("--help", "-h", "--cfg") for arg in argv):
+        rest = [a for a in argv if not a.startswith("-")]
+        try:
+            cfg = compose_config(config_name, rest)
+        except SymfusionError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if "--cfg" not in argv:
+            print(f"usage: {(command.__doc__ or '').strip()}\n\noptions (KEY=VALUE; defaults below):")
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    flags = [a for a in argv if a.startswith("-")]
+    try:
+        if flags:
+            raise SymfusionError(f"unknown flag {flags[0]}; options are KEY=VALUE overrides (see --help)")
+        cfg = compose_config(config_name, argv)
+        check_values(cfg, CHECKS[config_name])
+    except SymfusionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    command(cfg)
+    return 0
+
+
+def entry(config_name: str, command):
+    """A console-script main() for `command` with conf/<config_name>.yaml."""
+    def main(argv: list[str] | None = None) -> None:
+        sys.exit(command_line(config_name, command, sys.argv[1:] if argv is None else list(argv)))
+    main.__doc__ = command.__doc__
     return main
 
 
-data_main = hydra_entry("data", data_command)
-train_main = hydra_entry("train", train_command)
-match_main = hydra_entry("match", match_command)
-merge_main = hydra_entry("merge", merge_command)
-evaluate_main = hydra_entry("evaluate", evaluate_command)
-barrier_main = hydra_entry("barrier", barrier_command)
-layers_main = hydra_entry("layers", layers_command)
-multimodel_main = hydra_entry("multimodel", multimodel_command)
-report_main = hydra_entry("report", report_command)
+data_main = entry("data", data_command)
+train_main = entry("train", train_command)
+match_main = entry("match", match_command)
+merge_main = entry("merge", merge_command)
+evaluate_main = entry("evaluate", evaluate_command)
+barrier_main = entry("barrier", barrier_command)
+layers_main = entry("layers", layers_command)
+multimodel_main = entry("multimodel", multimodel_command)
+report_main = entry("report", report_command)
 
 if __name__ == "__main__":
     match_main()

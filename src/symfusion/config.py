@@ -1,9 +1,15 @@
-"""Where the Hydra configuration lives (conf/) and how one yaml of a config group is read from it."""
+"""Where the Hydra configuration lives (conf/), how a group's yaml is read, and how a command line is composed and checked."""
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
+from typing import Callable
 
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.errors import SymfusionError
 
@@ -36,6 +42,128 @@ def load_group(group: str, name: str) -> DictConfig:
     return OmegaConf.merge(*(load_group(group, base) for base in bases), config) if bases else config
 
 
+def profile_sources(profile) -> dict:
+    """Where a profile's models and datasets come from when not from the Hub: the manifest that
+    profile.sources names ({"models": {name: patch}, "tasks": {name: patch}}), or {} (the Hub, or offline)."""
+    path = (profile or {}).get("sources")
+    if not path:
+        return {}
+    manifest = Path(str(path))
+    if not manifest.is_file():
+        raise SymfusionError(f"profile sources {path} do not exist; write them first (scripts/make_standins.py)")
+    try:
+        return json.loads(manifest.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise SymfusionError(f"profile sources {path} are not a readable manifest; rewrite them") from error
+
+
 def group_names(group: str) -> list[str]:
     """The option names of a config group (the yaml files of conf/<group>/)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+# ---------------------------------------------------------------- the command line: composing and checking
+
+def _one_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
+    """conf/<config_name>.yaml with the command line's KEY=VALUE overrides; Hydra's errors as one line."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
+        base = compose(config_name=config_name)
+        options = ", ".join(sorted(k for k in base if k != "hydra"))
+        try:
+            cfg = compose(config_name=config_name, overrides=overrides)
+        except MissingConfigException as error:
+            group = (error.missing_cfg_file or "").rsplit("/", 1)[0]
+            given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == group), group)
+            choices = ", ".join(error.options or group_names(group))
+            raise SymfusionError(f"{given}: no such {group} option; choose one of {choices}") from error
+        except OverrideParseException as error:
+            raise SymfusionError(f"cannot read the command line ({_one_line(error)}); write options as KEY=VALUE, "
+                                 "lists as KEY=[a,b]") from error
+        except (HydraException, OmegaConfBaseException) as error:
+            message = _one_line(error)
+            if "Could not override" in message:
+                key = message.split("'")[1] if "'" in message else message
+                raise SymfusionError(f"{key} is not an option of symfusion-{config_name}; its options are "
+                                     f"{options}") from error
+            raise SymfusionError(f"cannot build the configuration: {message}") from error
+    unknown = sorted(set(cfg) - set(base))
+    if unknown:
+        raise SymfusionError(f"{unknown[0]} is not an option of symfusion-{config_name}; its options are {options}")
+    return cfg
+
+
+class Check:
+    """A check of one configuration value: `check(value)` returns None or what the value must be."""
+
+    def __init__(self, describe: str, test: Callable[[object], bool], optional: bool = False,
+                 phrase: str = " must be "):
+        self.describe, self.test, self.optional, self.phrase = describe, test, optional, phrase
+
+    def problem(self, value) -> str | None:
+        """None when the value is acceptable, else the rest of the error line after KEY=VALUE."""
+        if value is None:
+            return None if self.optional else " is required"
+        return None if self.test(value) else f"{self.phrase}{self.describe}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(low: int | None = None, optional: bool = False) -> Check:
+    bound = f" >= {low}" if low is not None else ""
+    return Check(f"an integer{bound}", lambda v: _is_int(v) and (low is None or v >= low), optional)
+
+
+def number(low: float | None = None, high: float | None = None, strict_low: bool = False,
+           optional: bool = False) -> Check:
+    """A finite number in [low, high] (or (low, high] with strict_low)."""
+    def test(value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return (low is None or (value > low if strict_low else value >= low)) and (high is None or value <= high)
+    parts = [f"{'>' if strict_low else '>='} {low}" if low is not None else "", f"<= {high}" if high is not None else ""]
+    return Check("a finite number " + " and ".join(p for p in parts if p), test, optional)
+
+
+def text(optional: bool = False) -> Check:
+    return Check("a path or name", lambda v: isinstance(v, (str, int)) and str(v).strip() != "", optional)
+
+
+def choice(*options, optional: bool = False) -> Check:
+    return Check(f"one of {', '.join(map(str, options))}", lambda v: v in options, optional, phrase="; choose ")
+
+
+def flag(optional: bool = False) -> Check:
+    return Check("true or false", lambda v: isinstance(v, bool), optional)
+
+
+def listing(item: Check, minimum: int = 0, optional: bool = False) -> Check:
+    def test(value) -> bool:
+        return (OmegaConf.is_list(value) or isinstance(value, (list, tuple))) and len(value) >= minimum \
+            and all(item.problem(v) is None for v in value)
+    return Check(f"a list of {minimum}+ items, each {item.describe}", test, optional)
+
+
+def mapping(optional: bool = False) -> Check:
+    return Check("a {key: value} mapping", lambda v: OmegaConf.is_dict(v) or isinstance(v, dict), optional)
+
+
+def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
+    """Every checked KEY (dotted) of `cfg` against its Check; the first problem as one SymfusionError line."""
+    for key, check in checks.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException as error:
+            raise SymfusionError(f"{key}: {_one_line(error)}") from error
+        if key.split(".")[0] not in cfg:
+            continue
+        problem = check.problem(value)
+        if problem:
+            shown = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            raise SymfusionError(f"{key}={shown!r}{problem}" if value is not None else f"{key}{problem}")

@@ -1,4 +1,4 @@
-"""Linear interpolation between two models: the path theta(alpha) = alpha*A + (1-alpha)*B and its loss barrier."""
+"""Linear interpolation between two models: the path theta(alpha) = alpha*A + (1-alpha)*B and its loss barriers."""
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -21,9 +21,15 @@ def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], al
 
 
 def barrier_height(alphas: list[float], losses: list[float]) -> float:
-    """max over alpha of loss(alpha) minus the straight line between the end losses."""
+    """max over alpha of loss(alpha) minus the straight line between the end losses (Frankle et al.'s barrier)."""
     loss_b, loss_a = losses[0], losses[-1]
     return max(loss - (alpha * loss_a + (1 - alpha) * loss_b) for alpha, loss in zip(alphas, losses))
+
+
+def barrier_range(losses: list[float]) -> float:
+    """max minus min of the loss along the path: the paper's loss barrier ("the range of loss value along
+    the interpolation path", Section 5)."""
+    return max(losses) - min(losses)
 
 
 @torch.no_grad()
@@ -41,4 +47,4 @@ def loss_path(
         model.load_state_dict(interpolate(anchor, source, alpha))
         rows.append({"alpha": alpha, **evaluate(model.eval())})
     losses = [row["loss"] for row in rows]
-    return {"path": rows, "barrier": barrier_height(alphas, losses)}
+    return {"path": rows, "barrier": barrier_range(losses), "barrier_linear": barrier_height(alphas, losses)}

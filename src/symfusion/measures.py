@@ -12,10 +12,11 @@ from symfusion.arch import ModelLayout, family_spec
 
 @torch.no_grad()
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layout: ModelLayout | None = None) -> dict:
-    """Euclidean distance over all shared floating-point tensors, plus one entry per module type."""
+    """Euclidean distance over all shared floating-point tensors of equal shape (task heads of different
+    label counts are left out), plus one entry per module type."""
     squared: dict[str, float] = defaultdict(float)
     for key, tensor in a.items():
-        if key not in b or not tensor.is_floating_point():
+        if key not in b or not tensor.is_floating_point() or b[key].shape != tensor.shape:
             continue
         part = (tensor.double() - b[key].double()).pow(2).sum().item()
         squared["total"] += part

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 import warnings
@@ -23,6 +24,12 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+
+from symfusion.errors import SymfusionError
+from symfusion.outputs import folder_marker
+
+# A folder is a previous output of a trainer when it holds a training report.
+TRAIN_MARKER = folder_marker("train.json", ("best_epoch", "history"))
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float) -> float:
@@ -43,6 +50,36 @@ def linear_schedule(optimizer, total_steps: int, warmup_ratio: float):
     """Linear warmup over ceil(warmup_ratio * total_steps) steps, then linear decay to 0 (Trainer's default)."""
     warmup = math.ceil(warmup_ratio * total_steps)
     return transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+
+
+# ---------------------------------------------------------------- precision and data loading on GPUs
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def use_autocast(precision: str, device: torch.device) -> bool:
+    """Whether to run forward passes under bfloat16 autocast: `auto` does on CUDA (with TF32 matmuls), not on
+    the CPU; `bf16` always (the CPU too, which is how the tests keep this path alive); `fp32` never."""
+    if precision not in PRECISIONS:
+        raise SymfusionError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
+    enabled = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision != "fp32"
+        torch.backends.cudnn.allow_tf32 = precision != "fp32"
+    return enabled
+
+
+def autocast(device: torch.device, enabled: bool):
+    """bfloat16 autocast on `device` when enabled (a no-op context otherwise)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def loader_options(device: torch.device) -> dict:
+    """DataLoader options that keep a GPU fed (worker processes, pinned memory); none on the CPU, where the
+    data sit in memory already and extra processes only compete for the cores."""
+    if device.type != "cuda":
+        return {}
+    return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True, "persistent_workers": True}
 
 
 def rank(score) -> float:

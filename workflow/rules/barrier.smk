@@ -10,6 +10,7 @@ rule barrier:
         f"{RESULTS}/vision/{{task}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.json",
     params:
         points=VISION["barrier_points"],
+        profile=PROFILE,
         examples=VISION["barrier_examples"] or "null",
     log:
         f"{LOGS}/vision/{{task}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.log",
@@ -19,16 +20,15 @@ rule barrier:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} anchor={input.anchor} source={input.source} "
-        "points={params.points} examples={params.examples} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} profile={params.profile} anchor={input.anchor} "
+        "source={input.source} points={params.points} examples={params.examples} output={output} > {log} 2>&1"
 
 
-# Beyond the paper (Appendix D) on independently trained models: the two end ViTs matched by
+# Beyond the paper (Appendix D) on independently trained models: the end ViTs matched by
 # anchor vs barycentric matching, and joint vs sequential rotation+rescaling (no models written).
 rule vision_multimodel:
     input:
-        model_dir("vision", "{task}", ANCHOR_ID),
-        model_dir("vision", "{task}", SOURCE_ID),
+        lambda w: [model_dir("vision", w.task, m) for m in VISION_MODELS],
     output:
         f"{RESULTS}/vision/{{task}}/multimodel.json",
     params:

@@ -5,9 +5,10 @@ VISION = SETTINGS["vision"]
 LANG = SETTINGS["language"]
 
 VISION_TASK = VISION["task"]
-ANCHOR_ID = f"seed{VISION['seeds'][0]}"
-SOURCE_ID = f"seed{VISION['seeds'][1]}"
-VISION_PAIR = f"{SOURCE_ID}-onto-{ANCHOR_ID}"
+VISION_MODELS = [f"seed{seed}" for seed in VISION["seeds"]]
+# every pair of end ViTs, the earlier seed's model as the anchor: 2 seeds give 1 pair, 3 seeds 3 pairs
+VISION_PAIRS = [(b, a) for i, a in enumerate(VISION_MODELS) for b in VISION_MODELS[i + 1:]]
+ANCHOR_ID, SOURCE_ID = VISION_PAIRS[0][1], VISION_PAIRS[0][0]      # the first pair (Table 3's timings)
 FUSION_METHODS = VISION["fusion_methods"]
 
 # Table 2 columns and Figure 3-5 bars: the matching variant behind each.
@@ -75,14 +76,14 @@ def end_eval(track, group, name):
     return rules.evaluate_end_model.output[0].format(track=track, group=group, name=name)
 
 
-def merged_eval(task, pair, matching, method):
-    source, anchor = pair.split("-onto-")
+def merged_eval(task, source, anchor, matching, method):
     pattern = rules.merge_evaluate.output[FUSION_METHODS.index(method)]
     return pattern.format(task=task, source=source, anchor=anchor, matching=matching)
 
 
 def vision_evals(matchings):
-    return [merged_eval(VISION_TASK, VISION_PAIR, m, f) for m in matchings for f in FUSION_METHODS]
+    """Every vision pair's merged evaluations for the given matchings and every fusion method."""
+    return [merged_eval(VISION_TASK, s, a, m, f) for s, a in VISION_PAIRS for m in matchings for f in FUSION_METHODS]
 
 
 def comma_joined(wildcards, input):
@@ -143,7 +144,7 @@ def table3_inputs():
     """Timings: end models' train.json, matched folders' match.json, merged models' evals (merge seconds)."""
     files = [model_dir("vision", VISION_TASK, m) for m in (ANCHOR_ID, SOURCE_ID)]
     files += [matched_dir("vision", VISION_TASK, SOURCE_ID, ANCHOR_ID, "rotation")]
-    files += [merged_eval(VISION_TASK, VISION_PAIR, "rotation", f) for f in FUSION_METHODS
+    files += [merged_eval(VISION_TASK, SOURCE_ID, ANCHOR_ID, "rotation", f) for f in FUSION_METHODS
               if f in ("simple", "fisher", "regmean")]
     for lmodel in LANG_MODELS:
         pairs = lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"])

@@ -11,6 +11,7 @@ rule merge_evaluate:
         [f"{RESULTS}/vision/{{task}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
     params:
         methods=",".join(FUSION_METHODS),
+        profile=PROFILE,
         eval_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/vision/{{task}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
@@ -22,5 +23,5 @@ rule merge_evaluate:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.task} 'methods=[{params.methods}]' "
-        "'models=[{input.anchor},{input.source}]' eval_dir={params.eval_dir} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.task} profile={params.profile} "
+        "'methods=[{params.methods}]' 'models=[{input.anchor},{input.source}]' eval_dir={params.eval_dir} > {log} 2>&1"

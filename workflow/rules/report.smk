@@ -6,15 +6,16 @@
 # artefact -> (symfusion-report's artefact name, its input files)
 TABLES = {
     "table1": ("table1", table1_inputs()),
-    "table2": ("table2", vision_evals(TABLE2_MATCHINGS) + [end_eval("vision", VISION_TASK, m) for m in (ANCHOR_ID, SOURCE_ID)]),
+    "table2": ("table2", vision_evals(TABLE2_MATCHINGS) + [end_eval("vision", VISION_TASK, m) for m in VISION_MODELS]),
     "table3": ("table3", table3_inputs()),
     "multimodel": ("multimodel", multimodel_inputs()),
 }
 FIGURES_INPUTS = {
     "fig3_ablation": ("fig3", vision_evals(FIG3_MATCHINGS)),
-    "fig4_distance": ("fig4", [matched_dir("vision", VISION_TASK, SOURCE_ID, ANCHOR_ID, m) for m in FIG4_MATCHINGS]),
-    "fig5_barrier": ("fig5", [rules.barrier.output[0].format(task=VISION_TASK, source=SOURCE_ID, anchor=ANCHOR_ID,
-                                                             matching=m) for m in FIG5_MATCHINGS]),
+    "fig4_distance": ("fig4", [matched_dir("vision", VISION_TASK, s, a, m) for s, a in VISION_PAIRS
+                               for m in FIG4_MATCHINGS]),
+    "fig5_barrier": ("fig5", [rules.barrier.output[0].format(task=VISION_TASK, source=s, anchor=a, matching=m)
+                              for s, a in VISION_PAIRS for m in FIG5_MATCHINGS]),
     "fig6_layers": ("fig6", [rules.layer_sweep.output[0].format(lmodel=m) for m in LANG_MODELS]),
 }
 VISION_ARTEFACTS = [f"{RESULTS}/table2.csv", f"{RESULTS}/multimodel.csv"] + [

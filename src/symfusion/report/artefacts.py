@@ -5,6 +5,7 @@ from pathlib import Path
 
 from symfusion.errors import SymfusionError
 from symfusion.report import audit, figures, language, tables
+from symfusion.report.results import claimed
 
 # artefact name -> function(inputs, output)
 ARTEFACTS = {
@@ -30,4 +31,17 @@ def run_report(artefact: str, inputs: list[str], output: str) -> list[dict]:
     missing = [p for p in inputs if not Path(p).exists()]
     if missing:
         raise SymfusionError(f"{len(missing)} input(s) missing, first {missing[0]}; run the pipeline stage that writes it")
-    return ARTEFACTS[artefact](list(inputs), output)
+    with claimed(output_files(artefact, Path(output)), list(inputs)):
+        return ARTEFACTS[artefact](list(inputs), output)
+
+
+def output_files(artefact: str, output: Path) -> list[Path]:
+    """Every file an artefact writes: tables CSV + Markdown, figures PNG + PDF + CSV, the report + provenance."""
+    suffix = ".md" if artefact == "report" else ".png" if artefact.startswith("fig") else ".csv"
+    if output.suffix != suffix:
+        raise SymfusionError(f"artefact={artefact} writes {suffix} (and its twins): give output=PATH{suffix}")
+    if artefact == "report":
+        return [output, output.parent / "provenance.json"]
+    if artefact.startswith("fig"):
+        return [output, output.with_suffix(".pdf"), output.with_suffix(".csv")]
+    return [output, output.with_suffix(".md")]

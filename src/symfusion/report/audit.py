@@ -79,20 +79,32 @@ def table_section(results: Path, name: str, title: str) -> str:
     return f"## {title}\n\n{body.strip()}\n\n"
 
 
+def effect_counts(rows: list[dict], column: str = "ours_effect") -> str:
+    """'k of n detectable (h help, t hurt)' over a table's effects."""
+    verdicts = [r[column] for r in rows if r.get(column)]
+    helps, hurts = verdicts.count("helps"), verdicts.count("hurts")
+    return f"{helps + hurts} of {len(verdicts)} effects detectable ({helps} help, {hurts} hurt)"
+
+
 def summary_lines(results: Path, figures: Path) -> list[str]:
     lines = []
     if (results / "table2.csv").is_file():
         rows = read_csv_rows(results / "table2.csv")
-        helps = sum(r["ours_effect"] == "helps" for r in rows)
-        agree = sum(r["effect_agrees"] == "True" for r in rows)
-        lines.append(f"Table 2 (vision): full matching helps {helps}/{len(rows)} fusion methods; the direction of "
-                     f"the effect agrees with the paper in {agree}/{len(rows)}.")
+        agree = sum(r["effect_agrees"] == "yes" for r in rows)
+        disagree = sum(r["effect_agrees"] == "no" for r in rows)
+        lines.append(f"Table 2 (vision): full matching vs none, 95% paired bootstrap intervals: "
+                     f"{effect_counts(rows)}; of the detectable ones, {agree} agree with the paper's direction and "
+                     f"{disagree} do not.")
     if (results / "table1.csv").is_file():
         rows = read_csv_rows(results / "table1.csv")
-        helps = sum(r["ours_effect"] == "helps" for r in rows)
-        agree = sum(r["effect_agrees_with_paper"] == "yes" for r in rows)
-        lines.append(f"Table 1 (language): matching helps {helps}/{len(rows)} (setting, method) cells; the direction "
-                     f"agrees with at least one of the paper's two models in {agree}/{len(rows)}.")
+        per_model = "; ".join(
+            f"vs {m}: {sum(r[f'agrees_{m}'] == 'yes' for r in rows)} agree, {sum(r[f'agrees_{m}'] == 'no' for r in rows)} "
+            "disagree" for m in ("roberta-base", "deberta-v3-large"))
+        lines.append(f"Table 1 (language): matched vs unmatched, 95% paired bootstrap intervals: {effect_counts(rows)}; "
+                     f"{per_model}.")
+    if (figures / "fig3_ablation.csv").is_file():
+        rows = [r for r in read_csv_rows(figures / "fig3_ablation.csv") if r["variant"] != "none"]
+        lines.append(f"Figure 3: each matching variant vs none, per fusion method: {effect_counts(rows, 'verdict')}.")
     if (figures / "fig4_distance.csv").is_file():
         rows = {r["matching"]: float(r["distance"]) for r in read_csv_rows(figures / "fig4_distance.csv")}
         if "none" in rows and "rotation" in rows:
@@ -100,8 +112,16 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
             lines.append(f"Figure 4: distance {rows['none']:.2f} unmatched -> {rows['rotation']:.2f} with rotation "
                          f"matching; order {order}.")
     if (figures / "fig5_barrier.csv").is_file():
-        barriers = {r["matching"]: float(r["barrier"]) for r in read_csv_rows(figures / "fig5_barrier.csv")}
-        lines.append("Figure 5: loss barriers " + ", ".join(f"{m} {b:.3f}" for m, b in barriers.items()) + ".")
+        rows = read_csv_rows(figures / "fig5_barrier.csv")
+        first = {r["matching"]: r for r in rows if r["pair"] == rows[0]["pair"]}
+        cells = []
+        for matching, r in first.items():
+            cell = f"{matching} {float(r['barrier']):.3f} (above line {float(r['barrier_linear']):.3f})"
+            if r.get("barrier_change"):
+                cell += (f", change {float(r['barrier_change']):+.3f} [{float(r['change_low']):+.3f}, "
+                         f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
+            cells.append(cell)
+        lines.append("Figure 5: loss barriers (the paper's: max - min along the path) " + "; ".join(cells) + ".")
     if (results / "multimodel.csv").is_file():
         lines += multimodel_summary(read_csv_rows(results / "multimodel.csv"))
     if (results / "table3.csv").is_file():
@@ -147,6 +167,9 @@ def run_provenance(results: Path) -> dict:
         record = data.get("provenance") if isinstance(data, dict) else None
         if record:
             runs[str(path)] = {"config": record.get("config"), "seed": record.get("seed"), "git": record.get("git")}
+            for source in ("base_model_source", "data_source"):     # pinned Hub revisions, local stand-ins
+                if data.get(source):
+                    runs[str(path)][source] = data[source]
     return runs
 
 
@@ -155,8 +178,9 @@ def write_report(inputs: list[str], output: str | Path) -> list[str]:
     output = Path(output)
     results = output.parent
     profile = results.name
-    figures = Path(os.path.relpath(Path("figures") / profile, results))
-    figures_abs = Path("figures") / profile
+    pngs = [Path(p) for p in inputs if str(p).endswith(".png")]     # the figures are among the inputs
+    figures_abs = pngs[0].parent if pngs else Path("figures") / profile
+    figures = Path(os.path.relpath(figures_abs, results))
     here = provenance()
     lines = summary_lines(results, figures_abs)
     git = here["git"]

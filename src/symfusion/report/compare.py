@@ -4,15 +4,21 @@
 
 RUN_DIR is results/<profile> of a new run. The reference defaults to the committed reference run,
 reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data). It is kept apart from
-results/ so that a fresh clone's pipeline really runs instead of finding its outputs present. Numbers must agree within the tolerance (absolute, in the
-table's units: accuracy/F1 points x100, losses); timing columns (Table 3, seconds) are only
-reported, never compared. Exit code 0 when everything agrees, 1 with a readable diff otherwise.
+results/ so that a fresh clone's pipeline really runs instead of finding its outputs present. The run's
+figure data are found from the run's own report (the figures its report.md shows), wherever the command
+is run from, unless --figures says otherwise. Numbers must agree within the tolerance (absolute, in the
+table's units: accuracy/F1 points x100, losses); timing columns (Table 3, seconds) are only reported,
+never compared. An artefact that one side has and the other lacks, an unreadable or malformed file, a
+row or a column that one side lacks: each is a difference. Exit code 0 when everything agrees, 1 with a
+readable diff otherwise, 2 (one line) for a usage error.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import io
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -23,14 +29,38 @@ TIMING_COLUMNS = ("seconds",)            # never compared (nor Table 3): seconds
 DEFAULT_TOLERANCE = 0.5   # points of accuracy / F1 (x100) and loss units: same-machine reruns agree exactly
 
 
+class Malformed(Exception):
+    """A file that is not a readable CSV table."""
+
+
 def read_rows(text: str) -> list[dict]:
-    return list(csv.DictReader(io.StringIO(text)))
+    """The rows of a CSV table; Malformed when it has no header or a row of another width."""
+    reader = csv.reader(io.StringIO(text))
+    try:
+        table = [row for row in reader if row]
+    except csv.Error as error:
+        raise Malformed(str(error)) from error
+    if not table:
+        raise Malformed("empty file")
+    header = table[0]
+    if len(set(header)) != len(header) or any(not name for name in header):
+        raise Malformed("its header has empty or repeated column names")
+    for number, row in enumerate(table[1:], start=2):
+        if len(row) != len(header):
+            raise Malformed(f"line {number} has {len(row)} fields, the header {len(header)}")
+    return [dict(zip(header, row)) for row in table[1:]]
 
 
-def reference_text(path: Path, reference: Path) -> str | None:
-    """The reference copy of `path`: the file of the same name under `reference`."""
-    candidate = reference / path.name
-    return candidate.read_text() if candidate.is_file() else None
+def load_table(path: Path) -> list[dict]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise Malformed(f"unreadable ({error.strerror})") from error
+    except UnicodeDecodeError as error:
+        raise Malformed("not UTF-8 text") from error
+    if "\x00" in text:
+        raise Malformed("binary content")
+    return read_rows(text)
 
 
 def as_number(value: str):
@@ -42,18 +72,24 @@ def as_number(value: str):
 
 def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: float) -> list[str]:
     """Readable differences between two tables with the same layout."""
-    if len(ours) != len(theirs):
-        return [f"{name}: {len(ours)} rows, reference has {len(theirs)}"]
     problems = []
+    if ours and theirs:
+        extra, lacking = sorted(set(ours[0]) - set(theirs[0])), sorted(set(theirs[0]) - set(ours[0]))
+        if extra:
+            problems.append(f"{name}: column(s) {extra} are not in the reference")
+        if lacking:
+            problems.append(f"{name}: column(s) {lacking} of the reference are missing")
+    if len(ours) != len(theirs):
+        return problems + [f"{name}: {len(ours)} rows, reference has {len(theirs)}"]
     for index, (row, ref) in enumerate(zip(ours, theirs)):
         label = " / ".join(str(v) for v in list(row.values())[:2])
         for column in ref:
-            if column in TIMING_COLUMNS:
+            if column in TIMING_COLUMNS or column not in row:
                 continue
             a, b = row.get(column), ref[column]
             x, y = as_number(a), as_number(b)
             if x is not None and y is not None:
-                if abs(x - y) > tolerance or (x != x) != (y != y):
+                if (math.isnan(x) != math.isnan(y)) or (not math.isnan(x) and abs(x - y) > tolerance):
                     problems.append(f"{name} row {index} ({label}) {column}: {x:.4g} vs reference {y:.4g} "
                                     f"(|diff| {abs(x - y):.3g} > {tolerance})")
             elif a != b:
@@ -61,40 +97,79 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
     return problems
 
 
+def compare_file(name: str, path: Path, reference: Path, tolerance: float) -> tuple[list[str], bool]:
+    """(problems, compared) for one artefact that at least one side has."""
+    if not path.is_file():
+        return [f"{name}: missing from the run ({path}); the reference has it"], False
+    if not reference.is_file():
+        return [f"{name}: the run has it but the reference ({reference}) does not"], False
+    try:
+        ours = load_table(path)
+    except Malformed as error:
+        return [f"{name}: {path} is malformed ({error})"], False
+    try:
+        theirs = load_table(reference)
+    except Malformed as error:
+        return [f"{name}: reference {reference} is malformed ({error})"], False
+    return compare_rows(name, ours, theirs, tolerance), True
+
+
 def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_figures: Path,
                 tolerance: float) -> tuple[list[str], int]:
     """(problems, number of files compared)."""
     problems, compared = [], 0
-    targets = [(run_dir / t, reference) for t in TABLES] + [(figures_dir / f, reference_figures) for f in FIGURE_DATA]
-    for path, ref_dir in targets:
-        if not path.is_file():
-            continue
-        ref = reference_text(path, ref_dir)
-        if ref is None:
-            problems.append(f"{path}: no reference copy to compare with")
-            continue
-        problems += compare_rows(path.name, read_rows(path.read_text()), read_rows(ref), tolerance)
-        compared += 1
-    if compared == 0:
+    pairs = [(t, run_dir / t, reference / t) for t in TABLES]
+    pairs += [(f, figures_dir / f, reference_figures / f) for f in FIGURE_DATA]
+    for name, path, ref in pairs:
+        if not path.exists() and not ref.exists():
+            continue                         # an artefact neither run has (e.g. a profile without it)
+        found, ok = compare_file(name, path, ref, tolerance)
+        problems += found
+        compared += ok
+    if compared == 0 and not problems:
         problems.append(f"nothing to compare: no tables in {run_dir} or figure data in {figures_dir}")
     return problems, compared
+
+
+def figures_of(run_dir: Path) -> Path | None:
+    """The figures folder a run's report.md shows (its image links are relative to the run folder)."""
+    report = run_dir / "report.md"
+    if not report.is_file():
+        return None
+    try:
+        text = report.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
+    return (run_dir / links[0]).parent if links else None
+
+
+def usage_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="symfusion-compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="results/<profile> of the run to check")
-    parser.add_argument("--figures", type=Path, help="its figures dir (default: figures/<profile>)")
+    parser.add_argument("--figures", type=Path, help="its figures dir (default: the one its report.md shows)")
     parser.add_argument("--reference", type=Path, help="reference results dir (default: reference/<profile>)")
     parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: <reference>/figures)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="absolute tolerance per number")
     parser.add_argument("--exact", action="store_true", help="tolerance 0: for determinism checks")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        print(f"error: {args.run_dir} is not a directory; pass results/<profile> of a finished run", file=sys.stderr)
-        return 2
-    figures = args.figures or Path("figures") / args.run_dir.name
-    reference = args.reference or Path("reference") / args.run_dir.name
+        return usage_error(f"{args.run_dir} is not a directory; pass results/<profile> of a finished run")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        return usage_error(f"--tolerance {args.tolerance}: give a finite number >= 0")
+    figures = args.figures or figures_of(args.run_dir)
+    if figures is None:
+        return usage_error(f"cannot tell where the figures of {args.run_dir} are (no report.md showing them); "
+                           "pass --figures DIR")
+    reference = args.reference or Path("reference") / args.run_dir.resolve().name
     reference_figures = args.reference_figures or reference / "figures"
+    if not reference.is_dir():
+        return usage_error(f"reference {reference} is not a directory; pass --reference DIR")
     tolerance = 0.0 if args.exact else args.tolerance
     problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance)
     if problems:

@@ -6,15 +6,15 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from symfusion.report.figures import plt, save_figure
-from symfusion.report.results import markdown_table, read_json, read_paper_table, write_csv, write_text_atomic
-from symfusion.report.tables import effect
+from symfusion.report.figures import plt
+from symfusion.report.results import (markdown_table, read_json, read_paper_table, save_figure, write_csv,
+                                      write_text_atomic)
+from symfusion.report.tables import agreement, direction
+from symfusion.uncertainty import RESAMPLES, paired_effect
 
 # Table 1 settings, named as in conf/paper/table1.csv.
 SETTING_OF_KIND = {"text_classification": "emotion", "token_classification": "ner"}
 PAPER_MODELS = ("roberta-base", "deberta-v3-large")
-# Effect tolerance for Table 1 scores (points of macro-/micro-F1 x 100).
-TABLE1_TOLERANCE = 0.1
 
 
 def eval_setting(path: str, data: dict) -> str:
@@ -30,9 +30,16 @@ def model_name(path: str) -> str:
     return parts[parts.index("lang") + 1]
 
 
+def merge_id(path: str) -> str:
+    """Which merge an eval JSON belongs to: the pair ('b-onto-a') of a pairwise merge, or 'group'."""
+    parts = Path(path).parts
+    return "group" if "eval_group" in parts else parts[-3]
+
+
 def table1_rows(eval_paths: list[str]) -> list[dict]:
-    """Mean score x100 per (model, setting, method, matched), over pairs and evaluated tasks; paper beside."""
-    scores, ends = defaultdict(list), defaultdict(list)
+    """Mean score x100 per (model, setting, method), unmatched and matched, over merges and evaluated tasks;
+    the effect of matching with its paired bootstrap interval; the paper's two models beside."""
+    evals, ends = defaultdict(dict), defaultdict(list)
     for path in eval_paths:
         data = read_json(path)
         if data["method"] == "end_model":
@@ -41,22 +48,32 @@ def table1_rows(eval_paths: list[str]) -> list[dict]:
                 ends[(model_name(path), setting)].append(100 * result["metrics"]["score"])
             continue
         key = (model_name(path), eval_setting(path, data), data["method"], data["matching"] != "none")
-        scores[key] += [100 * r["metrics"]["score"] for r in data["results"]]
+        for result in data["results"]:
+            evals[key][(merge_id(path), result["task"])] = result
     paper = {(r["setting"], r["model"], r["method"], r["matched"] == "true"): float(r["score"])
              for r in read_paper_table("table1")}
     rows = []
-    for (model, setting, method, matched) in sorted(k for k in scores if not k[3]):
-        without, with_ = mean(scores[(model, setting, method, False)]), mean(scores.get((model, setting, method, True), [float("nan")]))
-        row = {"model": model, "setting": setting, "method": method, "ours_unmatched": without,
-               "ours_matched": with_, "ours_effect": effect(without, with_, TABLE1_TOLERANCE),
-               "end_models_mean": mean(ends[(model, setting)]) if ends[(model, setting)] else None,
-               "merges": len(scores[(model, setting, method, False)])}
+    for (model, setting, method, matched) in sorted(k for k in evals if not k[3]):
+        without, with_ = evals[(model, setting, method, False)], evals.get((model, setting, method, True), {})
+        shared = sorted(set(without) & set(with_))
+        row = {"model": model, "setting": setting, "method": method,
+               "ours_unmatched": mean(100 * r["metrics"]["score"] for r in without.values()),
+               "ours_matched": mean(100 * r["metrics"]["score"] for r in with_.values()) if with_ else float("nan")}
+        if shared:
+            metric = without[shared[0]]["metric"]
+            found = paired_effect(metric, [(with_[k]["per_example"], without[k]["per_example"], k[1]) for k in shared],
+                                  scale=100.0)
+            row.update({"effect": found["effect"], "effect_low": found["low"], "effect_high": found["high"],
+                        "ours_effect": found["verdict"]})
+        else:
+            row.update({"effect": None, "effect_low": None, "effect_high": None, "ours_effect": ""})
+        row["end_models_mean"] = mean(ends[(model, setting)]) if ends[(model, setting)] else None
+        row["merges"] = len(without)
         for paper_model in PAPER_MODELS:
             p0, p1 = paper.get((setting, paper_model, method, False)), paper.get((setting, paper_model, method, True))
             row[f"paper_{paper_model}_unmatched"], row[f"paper_{paper_model}_matched"] = p0, p1
-            row[f"paper_{paper_model}_effect"] = effect(p0, p1, TABLE1_TOLERANCE) if p0 is not None else ""
-        row["effect_agrees_with_paper"] = "yes" if row["ours_effect"] in {
-            row[f"paper_{m}_effect"] for m in PAPER_MODELS} else "no"
+            row[f"paper_{paper_model}_effect"] = direction(p0, p1) if p0 is not None and p1 is not None else ""
+            row[f"agrees_{paper_model}"] = agreement(row["ours_effect"], row[f"paper_{paper_model}_effect"])
         rows.append(row)
     return rows
 
@@ -66,9 +83,12 @@ def write_table1(eval_paths: list[str], output_csv: str | Path) -> list[dict]:
     write_csv(rows, output_csv)
     text = ("# Table 1: language merges, ours beside the paper's (score x 100: macro-F1 for emotion-like, "
             "span micro-F1 for NER; NER tags are silver in the mini profile)\n\n" + markdown_table(rows) +
-            f"\nEffect of matching: matched vs unmatched; |change| <= {TABLE1_TOLERANCE} = no change. `merges` counts "
-            "(pair, evaluated task) scores averaged. Pairwise merges use each evaluated task's own head; grouped "
-            "(ner-conll) merges fuse the heads.\n\nInputs:\n" + "".join(f"- {p}\n" for p in eval_paths))
+            f"\nEffect of matching: matched minus unmatched (points), mean over the merges, with the 95% interval of "
+            f"a paired bootstrap over each task's test examples ({RESAMPLES} resamples, seeded); helps or hurts only "
+            "when the interval excludes 0. Agreement is judged against each of the paper's models separately "
+            "(`agrees_<model>`; not detectable when our interval spans 0). `merges` counts (pair, evaluated task) "
+            "scores averaged. Pairwise merges use each evaluated task's own head; grouped (ner-conll) merges fuse "
+            "the heads.\n\nInputs:\n" + "".join(f"- {p}\n" for p in eval_paths))
     write_text_atomic(Path(output_csv).with_suffix(".md"), text)
     return rows
 

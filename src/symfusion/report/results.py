@@ -4,10 +4,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
+from symfusion.outputs import safe_output
 
 PAPER_DIR = CONF_DIR / "paper"
 
@@ -36,7 +38,13 @@ def read_json(path: str | Path) -> dict:
         path = path / candidates[0]
     if not path.is_file():
         raise SymfusionError(f"result file {path} does not exist; run the pipeline stage that writes it")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SymfusionError(f"{path} is not a JSON result of a symfusion stage; pass the stage's own output") from error
+    if not isinstance(data, dict):
+        raise SymfusionError(f"{path} is not a JSON result of a symfusion stage; pass the stage's own output")
+    return data
 
 
 def read_paper_table(name: str) -> list[dict]:
@@ -54,13 +62,80 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
     write_text_atomic(path, buffer.getvalue())
 
 
+# ---------------------------------------------------------------- outputs of symfusion-report
+
+REPORT_SIGNATURE = "symfusion-report"   # in the PNG / PDF metadata of every figure
+
+
+def is_report_output(path: Path) -> bool:
+    """Whether an existing file is an artefact symfusion-report wrote (a previous output may be replaced)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    suffix = path.suffix
+    if suffix == ".png":
+        return data.startswith(b"\x89PNG") and REPORT_SIGNATURE.encode() in data
+    if suffix == ".pdf":
+        return data.startswith(b"%PDF") and REPORT_SIGNATURE.encode() in data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if suffix == ".md":
+        return text.startswith("# ") and ("\nInputs:\n" in text or text.startswith("# symfusion"))
+    if suffix == ".json":
+        return path.name == "provenance.json" and '"runs"' in text and '"inputs"' in text
+    if suffix == ".csv":      # a table's or figure's numbers: recognised through its twin (.md or .png)
+        twins = [path.with_suffix(".md"), path.with_suffix(".png")]
+        return any(t.is_file() and is_report_output(t) for t in twins)
+    return False
+
+
+# The claims run_report takes on every file of an artefact before it computes anything.
+_CLAIMS: dict[Path, object] = {}
+
+
+@contextmanager
+def claimed(paths: list[Path], inputs: list[str]):
+    """Claim every output file of one artefact (checked, locked) before any is written."""
+    with ExitStack() as stack:
+        for path in paths:
+            claim = stack.enter_context(safe_output(path, "symfusion-report", is_report_output, inputs))
+            _CLAIMS[Path(path)] = claim
+        try:
+            yield
+        finally:
+            for path in paths:
+                _CLAIMS.pop(Path(path), None)
+
+
+@contextmanager
+def _writing(path: Path):
+    """A temp file that replaces `path` on success: through run_report's claim, or a claim of its own."""
+    claim = _CLAIMS.get(Path(path))
+    if claim is not None:
+        with claim.writing() as tmp:
+            yield tmp
+        return
+    with safe_output(path, "symfusion-report", is_report_output) as own:
+        with own.writing() as tmp:
+            yield tmp
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write through a hidden temp file and one rename: a killed writer never leaves a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write through a hidden temp file and one atomic swap: a killed writer never leaves a half file."""
+    with _writing(Path(path)) as tmp:
+        tmp.write_text(text)
+
+
+def save_figure(fig, png: str | Path) -> None:
+    """PNG and PDF beside each other (signed in their metadata), each written through a temp file."""
+    png = Path(png)
+    for path, key in ((png, "Software"), (png.with_suffix(".pdf"), "Creator")):
+        with _writing(path) as tmp:
+            fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:],
+                        metadata={key: REPORT_SIGNATURE})
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:

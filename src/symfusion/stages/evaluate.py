@@ -8,8 +8,14 @@ from pathlib import Path
 import torch
 
 from symfusion.errors import SymfusionError
-from symfusion.modelio import compute_device, load_model, write_json_atomic
+from symfusion.modelio import compute_device, load_model, write_json
+from symfusion.outputs import file_marker, safe_output
 from symfusion.provenance import provenance
+from symfusion.training import autocast, use_autocast
+
+# A file is a previous output of this stage (or of the merge stage's in-process evaluation) when it is an
+# evaluation report.
+EVAL_MARKER = file_marker(("method", "metrics", "results"))
 
 
 def model_origin(model_dir: Path) -> dict:
@@ -27,7 +33,7 @@ def merge_origin(merge: dict) -> dict:
 
 
 def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,
-                   split: str = "test") -> list[dict]:
+                   split: str = "test", precision: str = "auto") -> list[dict]:
     """Per task object: metrics of `model` on its split (with the head of heads[i] copied in first, if given).
 
     `model_dir` is where the tokenizer of a text model lives; `model` is moved to the compute device.
@@ -39,10 +45,13 @@ def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, h
     for task, head in zip(tasks, heads):
         if head:
             task.copy_head(model, head)
-        model.to(compute_device())
+        device = compute_device()
+        model.to(device)
+        with autocast(device, use_autocast(precision, device)):
+            metrics = task.evaluate(model, split, model_dir=model_dir)
         results.append({"task": task.name, "kind": task.kind, "metric": task.metric_name,
-                        "split": split, "head_from": head,
-                        "metrics": task.evaluate(model, split, model_dir=model_dir)})
+                        "split": split, "head_from": head, "per_example": metrics.pop("per_example"),
+                        "metrics": metrics})
     return results
 
 
@@ -55,16 +64,17 @@ def evaluation_report(model: str | None, origin: dict, results: list[dict], spli
 
 
 def run_evaluate(model: str, tasks: list, output: str, split: str = "test", resolved_config: dict | None = None,
-                 heads: list | None = None) -> dict:
+                 heads: list | None = None, precision: str = "auto") -> dict:
     """Evaluate a model folder on each task's split (text: with the head of heads[i] if given), one JSON."""
     if not model or not Path(model).is_dir():
         raise SymfusionError(f"model_dir={model}: no such model folder; pass a save_pretrained directory")
-    if not output:
-        raise SymfusionError("output=FILE.json is required")
-    loaded = load_model(model)
-    start = time.perf_counter()
-    results = evaluate_tasks(loaded, model, tasks, heads, split)
-    report = evaluation_report(str(model), model_origin(Path(model)), results, split,
-                               time.perf_counter() - start, provenance(resolved_config))
-    write_json_atomic(report, output)
+    inputs = [model] + [h for h in (heads or []) if h]
+    with safe_output(output, "symfusion-evaluate", EVAL_MARKER, inputs=inputs) as claim:
+        loaded = load_model(model)
+        start = time.perf_counter()
+        results = evaluate_tasks(loaded, model, tasks, heads, split, precision)
+        report = evaluation_report(str(model), model_origin(Path(model)), results, split,
+                                   time.perf_counter() - start, provenance(resolved_config))
+        with claim.writing() as tmp:
+            write_json(report, tmp)
     return report

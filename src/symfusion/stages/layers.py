@@ -17,10 +17,14 @@ import torch
 from symfusion.arch import family_spec, layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.modelio import write_json_atomic
+from symfusion.modelio import write_json
+from symfusion.outputs import file_marker, safe_output
 from symfusion.provenance import provenance
-from symfusion.stages.common import load_models
+from symfusion.stages.common import check_same_body, load_models
 from symfusion.symmetry import apply_transform
+
+
+LAYERS_MARKER = file_marker(("rows", "num_layers"))
 
 
 def subsets(num_layers: int) -> list[dict]:
@@ -60,26 +64,28 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
         matching_name, matching = matching, matching_config(matching)
     if len(tasks) != 2:
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK]: one task per model")
-    if not output:
-        raise SymfusionError("output=FILE.json is required")
     for path in (anchor, source):
         if not Path(path).is_dir():
             raise SymfusionError(f"model folder {path} does not exist; fine-tune it first")
-    loaded = load_models([anchor, source], same_shapes=False)      # two tasks: the heads differ
-    models = {"anchor": loaded[0], "source": loaded[1]}
-    anchor_state, source_state = models["anchor"].state_dict(), models["source"].state_dict()
-    layout = layout_of(models["source"].config, source_state)
-    keys = body_keys(models["anchor"])
-    start, rows = time.perf_counter(), []
-    for subset in subsets(layout.num_layers):
-        transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
-        body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
-        for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
-            metrics = evaluate_with_body(models[role], body,
-                                         lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
-            rows.append({**subset, "task": task.name, "role": role, **metrics})
-    report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
-              "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,
-              "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
-    write_json_atomic(report, output)
+    with safe_output(output, "symfusion-layers", LAYERS_MARKER, inputs=[anchor, source]) as claim:
+        loaded = load_models([anchor, source], same_shapes=False)      # two tasks: the heads differ
+        models = {"anchor": loaded[0], "source": loaded[1]}
+        anchor_state, source_state = models["anchor"].state_dict(), models["source"].state_dict()
+        layout = layout_of(models["source"].config, source_state)
+        check_same_body(models["source"], models["anchor"], source, anchor)
+        keys = body_keys(models["anchor"])
+        start, rows = time.perf_counter(), []
+        for subset in subsets(layout.num_layers):
+            transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
+            body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
+            for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
+                metrics = evaluate_with_body(models[role], body,
+                                             lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
+                metrics.pop("per_example")
+                rows.append({**subset, "task": task.name, "role": role, **metrics})
+        report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
+                  "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,
+                  "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
+        with claim.writing() as tmp:
+            write_json(report, tmp)
     return report

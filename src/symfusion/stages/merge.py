@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -12,10 +13,12 @@ from symfusion.arch import check_finite
 from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, merge_models
-from symfusion.modelio import atomic_directory, compute_device, copy_auxiliary_files, write_json_atomic
+from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
+from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
+from symfusion.training import autocast, use_autocast
 from symfusion.stages.common import load_models, matching_of
-from symfusion.stages.evaluate import evaluate_tasks, evaluation_report, merge_origin
+from symfusion.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
 
 # Fusion options that select data rather than being passed to the method.
 DATA_OPTIONS = ("name", "num_batches")
@@ -61,13 +64,17 @@ def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) ->
 
 
 def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
-                batch_cache: dict) -> tuple[torch.nn.Module, dict]:
+                batch_cache: dict, precision: str = "auto") -> tuple[torch.nn.Module, dict]:
     """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged."""
     method = check_fusion(fusion)
+    for i, statistics_task in enumerate(tasks):
+        statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}")
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
     batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()
-    merged_state = merge_models(method, loaded, batches, **options)
+    device = next(loaded[0].parameters()).device
+    with autocast(device, use_autocast(precision, device)):      # the statistic passes (Fisher, Gram, OT)
+        merged_state = merge_models(method, loaded, batches, **options)
     seconds = time.perf_counter() - start
     check_finite(merged_state, f"merged model ({method})")
     merged = copy.deepcopy(loaded[0]).to("cpu")
@@ -79,29 +86,32 @@ def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, 
     return merged, report
 
 
+# A folder is a previous output of this stage when it holds a merge report.
+MERGE_MARKER = folder_marker("merge.json", ("method", "models"))
+
+
 def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None,
-              tasks: list | None = None) -> dict:
+              tasks: list | None = None, precision: str = "auto") -> dict:
     """Merge `models` (anchor first) with one fusion method and write `output` atomically.
 
     `tasks` (one per model) makes Fisher / RegMean statistics use each model's own task data;
     otherwise every model's statistics use `task`.
     """
     check_fusion(fusion)
-    if not output:
-        raise SymfusionError("output=DIR is required (where the merged model folder is written)")
-    loaded = [m.to(compute_device()) for m in load_models(models)]
-    merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {})
-    report["provenance"] = provenance(resolved_config)
-    with atomic_directory(output) as tmp:
-        merged.save_pretrained(str(tmp), safe_serialization=True)
-        copy_auxiliary_files(models[0], tmp)
-        write_json_atomic(report, tmp / "merge.json")
+    with safe_output(output, "symfusion-merge", MERGE_MARKER, inputs=models or [], is_dir=True) as claim:
+        loaded = [m.to(compute_device()) for m in load_models(models)]
+        merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {}, precision)
+        report["provenance"] = provenance(resolved_config)
+        with claim.writing() as tmp:
+            merged.save_pretrained(str(tmp), safe_serialization=True)
+            copy_auxiliary_files(models[0], tmp)
+            write_json(report, tmp / "merge.json")
     return report
 
 
 def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: str, eval_tasks: list,
                        eval_heads: list | None = None, resolved_config: dict | None = None,
-                       tasks: list | None = None) -> list[dict]:
+                       tasks: list | None = None, precision: str = "auto") -> list[dict]:
     """Merge `models` with each fusion method in turn and evaluate every merged model in this process.
 
     Writes eval_dir/<method>.json (as symfusion-evaluate writes, plus the merge's timing) and no model
@@ -113,14 +123,19 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
         raise SymfusionError(f"methods={methods}: give one or more distinct fusion methods")
     if not eval_dir:
         raise SymfusionError("eval_dir=DIR is required (where <method>.json of each merged model is written)")
-    loaded = [m.to(compute_device()) for m in load_models(models)]
-    stamp, batch_cache, reports = provenance(resolved_config), {}, []
-    for fusion in fusions:
-        merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache)
-        start = time.perf_counter()
-        results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads)
-        origin = {**merge_origin(merge), "fusion": fusion}
-        reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start, stamp))
-    for report in reports:      # written together at the end: a failed method leaves no partial set
-        write_json_atomic(report, Path(eval_dir) / f"{report['method']}.json")
+    inputs = list(models or []) + [h for h in (eval_heads or []) if h]
+    with ExitStack() as stack:
+        claims = [stack.enter_context(safe_output(Path(eval_dir) / f"{m}.json", "symfusion-merge", EVAL_MARKER,
+                                                  inputs=inputs, what="eval_dir")) for m in methods]
+        loaded = [m.to(compute_device()) for m in load_models(models)]
+        stamp, batch_cache, reports = provenance(resolved_config), {}, []
+        for fusion in fusions:
+            merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision)
+            start = time.perf_counter()
+            results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads, precision=precision)
+            origin = {**merge_origin(merge), "fusion": fusion}
+            reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start, stamp))
+        for claim, report in zip(claims, reports):   # written together at the end: no partial set on failure
+            with claim.writing() as tmp:
+                write_json(report, tmp)
     return reports

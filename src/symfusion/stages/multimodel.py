@@ -9,6 +9,7 @@ rotation+rescaling (rotation_joint) brings the two models than the paper's seque
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,10 +20,15 @@ from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
 from symfusion.measures import distance
-from symfusion.modelio import atomic_directory, copy_auxiliary_files, write_json_atomic
+from symfusion.modelio import copy_auxiliary_files, write_json
+from symfusion.outputs import file_marker, folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
+
+
+MULTIMODEL_MARKER = file_marker(("methods", "k"))
+MODELS_MARKER = folder_marker("models.json", ("models", "multi"))
 
 
 def load_group(model_dirs: list[str]):
@@ -69,18 +75,19 @@ def joint_gains(states, layout) -> list[dict]:
     return pairs
 
 
-def write_models(dirs, models, matched, transforms, output_models_dir, max_relative_output_change: float) -> list[dict]:
-    """Save every matched model into <output_models_dir>/<i> after checking it computes the original function."""
+def write_models(dirs, models, matched, transforms, folder: Path, output, max_relative_output_change: float) -> list[dict]:
+    """Save every matched model into <folder>/<i> (the temp folder of `output`) after checking it computes
+    the original function."""
     written = []
     for i, (path, model, state, transform) in enumerate(zip(dirs, models, matched, transforms)):
         change, _ = check_function_preserved(model, state, max_relative_output_change, f"matched model {i} ({path})",
-                                             output_models_dir)
-        target = Path(output_models_dir) / str(i)
-        with atomic_directory(target) as tmp:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-            copy_auxiliary_files(path, tmp)
-            transform.save(tmp / "transform.safetensors")
-        written.append({"model": str(path), "output": str(target), "max_output_change": change})
+                                             output)
+        target = Path(folder) / str(i)
+        target.mkdir()
+        model.save_pretrained(str(target), safe_serialization=True)
+        copy_auxiliary_files(path, target)
+        transform.save(target / "transform.safetensors")
+        written.append({"model": str(path), "output": str(i), "max_output_change": change})
     return written
 
 
@@ -92,33 +99,44 @@ def run_multimodel(
 ) -> dict:
     """Compare anchor and barycentric matching of k models (and joint vs sequential per pair); write `output`.
 
-    With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there.
+    With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there
+    (one folder, <dir>/0, <dir>/1, ... and models.json, replaced as a whole).
     """
     if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
         matching_name, matching = matching, matching_config(matching)
-    if not output:
-        raise SymfusionError("output=FILE.json is required (where the multi-model matching report is written)")
     if multi not in METHODS:
         raise SymfusionError(f"matching.multi={multi!r}; choose one of {', '.join(METHODS)}")
-    dirs, models, states, layout = load_group(model_dirs)
-    before = pairwise_distances(states)
-    methods, matched_by_method = {}, {}
-    for method in METHODS:
-        methods[method], matched, transforms = method_summary(states, layout, matching, method)
-        matched_by_method[method] = (matched, transforms)
-    report = {
-        "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching_name, "matching_config": asdict(matching), "family": layout.family,
-        "sum_pairwise_distance_before": sum(before), "pairwise_distances_before": before,
-        "sum_pairwise_sq_distance_before": pairwise_sq(states),
-        "methods": methods,
-        "barycenter_gain": methods["anchor"]["sum_pairwise_distance"] - methods["barycenter"]["sum_pairwise_distance"],
-        "joint_vs_sequential": joint_gains(states, layout),
-        "provenance": provenance(resolved_config),
-    }
-    if output_models_dir:       # last: load_state_dict writes into the tensors `states` hold
-        matched, transforms = matched_by_method[multi]
-        report["output_models_multi"] = multi
-        report["output_models"] = write_models(dirs, models, matched, transforms, output_models_dir,
-                                               max_relative_output_change)
-    write_json_atomic(report, output)
+    inputs = list(model_dirs or [])
+    with ExitStack() as stack:        # every output is checked and locked before any work
+        report_claim = stack.enter_context(safe_output(output, "symfusion-multimodel", MULTIMODEL_MARKER, inputs))
+        models_claim = None
+        if output_models_dir:
+            models_claim = stack.enter_context(safe_output(output_models_dir, "symfusion-multimodel", MODELS_MARKER,
+                                                           inputs + [output], is_dir=True, what="output_models"))
+        dirs, models, states, layout = load_group(model_dirs)
+        before = pairwise_distances(states)
+        methods, matched_by_method = {}, {}
+        for method in METHODS:
+            methods[method], matched, transforms = method_summary(states, layout, matching, method)
+            matched_by_method[method] = (matched, transforms)
+        report = {
+            "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching_name,
+            "matching_config": asdict(matching), "family": layout.family,
+            "sum_pairwise_distance_before": sum(before), "pairwise_distances_before": before,
+            "sum_pairwise_sq_distance_before": pairwise_sq(states),
+            "methods": methods,
+            "barycenter_gain": methods["anchor"]["sum_pairwise_distance"] - methods["barycenter"]["sum_pairwise_distance"],
+            "joint_vs_sequential": joint_gains(states, layout),
+            "provenance": provenance(resolved_config),
+        }
+        if models_claim is not None:       # last: load_state_dict writes into the tensors `states` hold
+            matched, transforms = matched_by_method[multi]
+            report["output_models_multi"] = multi
+            with models_claim.writing() as tmp:
+                report["output_models"] = write_models(dirs, models, matched, transforms, tmp, output_models_dir,
+                                                       max_relative_output_change)
+                write_json({"models": report["output_models"], "multi": multi, "provenance": report["provenance"]},
+                           tmp / "models.json")
+        with report_claim.writing() as tmp:
+            write_json(report, tmp)
     return report

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from symfusion.config import load_group
+from symfusion.config import load_group, profile_sources
 from symfusion.errors import SymfusionError
 from symfusion.tasks.base import Task
 from symfusion.tasks.image import ImageTask
@@ -27,15 +27,24 @@ def load_task(name: str) -> DictConfig:
 
 
 def sized_task(task: DictConfig, profile=None) -> DictConfig:
-    """A task with the profile's size patches merged in (profile.language.task_patch and .source_patch[source]).
+    """A task as the profile runs it: where its data come from (profile.sources: the stand-ins' manifest of the
+    rehearsal profile), and its size (text tasks: language.task_patch and .source_patch[source]; the image
+    task: vision.task_patch). The smoke profile shrinks every text task this way."""
+    profile = profile or {}
+    patches = [profile_sources(profile).get("tasks", {}).get(task.get("name")) or {}]
+    if KIND_CLASSES.get(task.get("kind")) is TextTask:
+        language = profile.get("language") or {}
+        patches += [language.get("task_patch") or {}, (language.get("source_patch") or {}).get(task.source) or {}]
+    else:
+        patches += [(profile.get("vision") or {}).get("task_patch") or {}]
+    patches = [p for p in patches if p]
+    return OmegaConf.merge(task, *patches) if patches else task
 
-    The smoke profile shrinks every text task this way; image tasks are returned unchanged.
-    """
-    language = (profile or {}).get("language") or {}
-    if KIND_CLASSES.get(task.get("kind")) is not TextTask or not language:
-        return task
-    patches = [language.get("task_patch") or {}, (language.get("source_patch") or {}).get(task.source) or {}]
-    return OmegaConf.merge(task, *patches)
+
+def profile_model(model: DictConfig, profile=None) -> DictConfig:
+    """A model config as the profile runs it: its base model from profile.sources when the profile has one."""
+    patch = profile_sources(profile or {}).get("models", {}).get(model.get("name"))
+    return OmegaConf.merge(model, patch) if patch else model
 
 
 def make_task(task: DictConfig | str, profile=None) -> Task:
@@ -48,4 +57,4 @@ def make_task(task: DictConfig | str, profile=None) -> Task:
     return KIND_CLASSES[kind](cfg)
 
 
-__all__ = ["Task", "ImageTask", "TextTask", "TASK_KINDS", "load_task", "sized_task", "make_task"]
+__all__ = ["Task", "ImageTask", "TextTask", "TASK_KINDS", "load_task", "sized_task", "make_task", "profile_model"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from symfusion.arch import family_spec
 from symfusion.errors import SymfusionError
 
 
@@ -24,6 +25,7 @@ class Task(ABC):
 
     kinds: tuple[str, ...] = ()
     metric: str = "accuracy"
+    inputs: str = "tokens"          # what its models read (arch.FamilySpec.inputs): "tokens" or "pixels"
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -39,6 +41,24 @@ class Task(ABC):
     @property
     def metric_name(self) -> str:
         return self.cfg.get("metric", self.metric)
+
+    def check_model(self, model: torch.nn.Module, where: str = "the model") -> None:
+        """Refuse (one line) a model this task cannot feed or score: other inputs, or another label count."""
+        reads = family_spec(model.config).inputs
+        if reads != self.inputs:
+            raise SymfusionError(f"{where} reads {reads}, but task {self.name} ({self.kind}) gives {self.inputs}; "
+                                 "pair image tasks with ViTs and text tasks with text encoders")
+        expected, has = self.num_labels(), getattr(model.config, "num_labels", None)
+        if expected is None or has is None:
+            return
+        # image labels are 0..classes-1 of the data: a head may have more outputs; text heads match exactly
+        if (expected > has) if self.inputs == "pixels" else (expected != has):
+            raise SymfusionError(f"{where} has {has} outputs, but task {self.name} has {expected} labels; "
+                                 "evaluate it on a task of its own label space (or give its head with heads=)")
+
+    def num_labels(self) -> int | None:
+        """How many outputs a model of this task has (None: not known before the data are read)."""
+        return None
 
     def manifest_header(self) -> dict:
         return {"task": self.name, "kind": self.kind, "source": self.cfg.source, "split_seed": int(self.cfg.split_seed),

@@ -13,10 +13,12 @@ from torch.utils.data import DataLoader
 
 from symfusion.data import load_image_splits
 from symfusion.errors import SymfusionError
-from symfusion.modelio import atomic_directory, compute_device, write_json_atomic
+from symfusion.modelio import compute_device, write_json
+from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
-from symfusion.training import cosine_schedule, fit, remove_checkpoint
+from symfusion.training import (TRAIN_MARKER, autocast, cosine_schedule, fit, loader_options, remove_checkpoint,
+                                use_autocast)
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -28,19 +30,24 @@ def _splits(source: str, seed: int, limit_json: str, options_json: str) -> dict:
 
 @torch.no_grad()
 def evaluate_image_classifier(model: torch.nn.Module, dataset, batch_size: int = 512) -> dict:
-    """{"accuracy", "loss" (mean cross-entropy), "n"} of `model` on `dataset`; the model is left in eval mode."""
+    """{"accuracy", "loss" (mean cross-entropy), "n", "per_example": {"correct", "loss"}} of `model` on
+    `dataset` (per_example: the bootstrap's record, uncertainty.py); the model is left in eval mode."""
     model.eval()
     device = next(model.parameters()).device
-    correct, loss_sum, count = 0, 0.0, 0
+    correct, loss_sum, count, hits, losses = 0, 0.0, 0, [], []
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         labels = batch["labels"].to(device)
         logits = model(pixel_values=batch["pixel_values"].to(device)).logits
         loss_sum += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum").item()
-        correct += (logits.argmax(dim=-1) == labels).sum().item()
+        hit = logits.argmax(dim=-1) == labels
+        correct += hit.sum().item()
         count += batch["labels"].shape[0]
+        hits += hit.int().tolist()
+        losses += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="none").tolist()
     if count == 0:
         raise SymfusionError("the evaluation split is empty; check the task's limit settings")
-    return {"accuracy": correct / count, "loss": loss_sum / count, "n": count}
+    return {"accuracy": correct / count, "loss": loss_sum / count, "n": count,
+            "per_example": {"correct": hits, "loss": losses}}
 
 
 class ImageTask(Task):
@@ -48,6 +55,7 @@ class ImageTask(Task):
 
     kinds = ("image",)
     metric = "accuracy"
+    inputs = "pixels"
 
     def splits(self) -> dict:
         """{"train", "validation", "test"} ImageDatasets (cached per process)."""
@@ -68,8 +76,12 @@ class ImageTask(Task):
 
     def evaluate(self, model: torch.nn.Module, split: str = "test", model_dir=None, examples: int | None = None) -> dict:
         """Accuracy, loss and n on a split; `examples` = a seeded subset of that many images (the limit mechanism)."""
+        self.check_model(model)
         task = self.limited(split, examples) if examples else self
         return evaluate_image_classifier(model, task.split(split), batch_size=int(self.cfg.eval_batch_size))
+
+    def num_labels(self) -> int:
+        return self.split("train").num_classes
 
     def limited(self, split: str, examples: int) -> "ImageTask":
         """This task with a seeded subset of `examples` images of `split` (as the task's `limit` option)."""
@@ -88,7 +100,8 @@ class ImageTask(Task):
                                         "sha256": digest.hexdigest()}
         return manifest
 
-    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None) -> dict:
+    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
+              precision: str = "auto") -> dict:
         """A ViT trained from scratch on this task (model_cfg: a conf/model/vit_*.yaml)."""
         if model_cfg.get("base_model"):
             raise SymfusionError(f"model={model_cfg.get('name')} is a text encoder; image tasks need a ViT config (vit_*)")
@@ -97,7 +110,7 @@ class ImageTask(Task):
             output, self.splits(), model_cfg, seed=seed, epochs=int(train.epochs), batch_size=int(train.batch_size),
             lr=float(train.lr), weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
             eval_batch_size=int(self.cfg.eval_batch_size), augmentation=bool(train.get("augment", False)),
-            resolved_config=resolved_config)
+            resolved_config=resolved_config, precision=precision)
 
 
 # ---------------------------------------------------------------- the ViT trainer
@@ -132,42 +145,55 @@ def augment(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed: int, epochs: int,
                            batch_size: int, lr: float, weight_decay: float, warmup_ratio: float,
                            eval_batch_size: int = 512, augmentation: bool = False,
-                           resolved_config: dict | None = None) -> dict:
-    """Train a ViT on splits["train"], keep the best epoch on splits["validation"], save atomically."""
-    output = Path(output_dir)
+                           resolved_config: dict | None = None, precision: str = "auto") -> dict:
+    """Train a ViT on splits["train"], keep the best epoch on splits["validation"], save atomically.
+    precision: training.use_autocast (auto: bfloat16 autocast and TF32 on a GPU, float32 on the CPU)."""
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, is_dir=True) as claim:
+        return _train_vit(claim, Path(output_dir), splits, model_cfg, seed, epochs, batch_size, lr, weight_decay,
+                          warmup_ratio, eval_batch_size, augmentation, resolved_config, precision)
+
+
+def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, epochs: int, batch_size: int, lr: float,
+               weight_decay: float, warmup_ratio: float, eval_batch_size: int, augmentation: bool,
+               resolved_config: dict | None, precision: str) -> dict:
     train_set, validation_set = splits["train"], splits["validation"]
     torch.manual_seed(seed)
     config = vit_config(model_cfg, train_set.image_shape, train_set.num_classes)
     device = compute_device()
+    amp = use_autocast(precision, device)
     model = transformers.ViTForImageClassification(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True)
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True,
+                        **loader_options(device))
     total_steps = epochs * len(loader)
     if total_steps == 0:
         raise SymfusionError(f"train split has {len(train_set)} images, fewer than batch_size={batch_size}")
     scheduler = cosine_schedule(optimizer, total_steps, warmup_ratio)
     fingerprint = json.dumps([model_cfg, seed, epochs, batch_size, lr, weight_decay, warmup_ratio,
-                              augmentation, len(train_set)], sort_keys=True)
+                              augmentation, len(train_set)] + (["bf16"] if amp else []), sort_keys=True)
 
     def batch_loss(batch):
         pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]
-        return model(pixel_values=pixels.to(device), labels=batch["labels"].to(device)).loss
+        with autocast(device, amp):
+            return model(pixel_values=pixels.to(device, non_blocking=True),
+                         labels=batch["labels"].to(device, non_blocking=True)).loss
 
     def validate(model):
-        metrics = evaluate_image_classifier(model, validation_set, eval_batch_size)
+        with autocast(device, amp):
+            metrics = evaluate_image_classifier(model, validation_set, eval_batch_size)
         return metrics["accuracy"], {"validation_accuracy": metrics["accuracy"], "validation_loss": metrics["loss"]}
 
     fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
                  "accuracy")
-    report = {"seed": seed, "epochs": epochs, "best_epoch": fitted.best_epoch,
+    report = {"seed": seed, "epochs": epochs, "best_epoch": fitted.best_epoch, "bf16_autocast": amp,
               "validation_accuracy": fitted.best_score, "validation_score": fitted.best_score,
               "history": fitted.history, "seconds": fitted.seconds,
               "resumed_after_epoch": fitted.resumed_after_epoch,
               "num_parameters": sum(p.numel() for p in model.parameters()),
               "provenance": provenance(resolved_config, seed)}
-    with atomic_directory(output) as tmp:
+    with claim.writing() as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        write_json_atomic(report, tmp / "train.json")
+        write_json(report, tmp / "train.json")
     remove_checkpoint(output)
     return report

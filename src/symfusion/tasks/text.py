@@ -9,16 +9,18 @@ from pathlib import Path
 import torch
 import transformers
 
-from symfusion.basemodels import resolve_base_model
+from symfusion.basemodels import resolve_base
 from symfusion.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
-from symfusion.modelio import atomic_directory, compute_device, load_tokenizer, to_device, write_json_atomic
+from symfusion.modelio import compute_device, load_tokenizer, to_device, write_json
+from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
 from symfusion.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
                                            text_loader)
 from symfusion.text_metrics import get_metric
-from symfusion.training import fit, linear_schedule, remove_checkpoint
+from symfusion.training import (TRAIN_MARKER, autocast, fit, linear_schedule, loader_options, remove_checkpoint,
+                                use_autocast)
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -58,16 +60,27 @@ class TextTask(Task):
 
     def evaluate(self, model: torch.nn.Module, split: str = "test", model_dir=None, examples: int | None = None) -> dict:
         """The task metric, loss and n on a split (its first `examples` examples when given)."""
+        self.check_model(model)
+        tokenizer = load_tokenizer(model_dir)
+        vocabulary = getattr(model.config, "vocab_size", None)
+        if vocabulary is not None and len(tokenizer) > vocabulary:
+            raise SymfusionError(f"the tokenizer of {model_dir} has {len(tokenizer)} tokens, the model's vocabulary "
+                                 f"{vocabulary}; evaluate a model with its own tokenizer")
         chosen = self.examples(split)[: examples or None]
-        return evaluate_text_model(model, load_tokenizer(model_dir), chosen, self.kind, int(self.cfg.max_length),
+        return evaluate_text_model(model, tokenizer, chosen, self.kind, int(self.cfg.max_length),
                                    self.cfg.metric, int(self.cfg.eval_batch_size),
                                    label_names=self.splits().label_names)
+
+    def num_labels(self) -> int:
+        names = self.splits().label_names
+        return 1 if self.kind == "regression" else len(names)
 
     def manifest(self) -> dict:
         """Sizes and a content hash of each split, and the label names."""
         manifest = self.manifest_header()
         splits = self.splits()
         manifest["label_names"] = splits.label_names
+        manifest["data_source"] = {k: v for k, v in splits.info.items() if k != "sizes"}
         for name, examples in splits.splits.items():
             digest = hashlib.sha256(json.dumps(examples, sort_keys=True).encode())
             manifest["splits"][name] = {"size": len(examples), "sha256": digest.hexdigest()}
@@ -76,18 +89,20 @@ class TextTask(Task):
     def copy_head(self, model: torch.nn.Module, head_dir: str | Path) -> list[str]:
         return copy_head(model, head_dir)
 
-    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None) -> dict:
+    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
+              precision: str = "auto") -> dict:
         """Fine-tune the model's pretrained encoder (model_cfg.base_model) on this task."""
         if not model_cfg.get("base_model"):
             raise SymfusionError(f"model={model_cfg.get('name')} is not a pretrained encoder; "
                                  "text tasks need e.g. model=minilm")
         train = self.cfg.train
+        base = resolve_base(model_cfg["base_model"], revision=model_cfg.get("revision"))
         return finetune_text_model(
-            output, str(resolve_base_model(model_cfg["base_model"])), self.splits(), seed=seed,
+            output, base.folder, self.splits(), seed=seed,
             epochs=int(train.epochs), batch_size=int(train.batch_size), lr=float(train.lr),
             weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
             max_length=int(self.cfg.max_length), metric=self.cfg.metric, eval_batch_size=int(self.cfg.eval_batch_size),
-            resolved_config=resolved_config)
+            resolved_config=resolved_config, base_model_record=base.to_dict(), precision=precision)
 
 
 # ---------------------------------------------------------------- the fine-tuner
@@ -130,44 +145,61 @@ def _check_inputs(base_model_dir, splits, metric: str, epochs: int, batch_size: 
 
 def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int, epochs: int, batch_size: int,
                         lr: float, weight_decay: float, warmup_ratio: float, max_length: int, metric: str,
-                        eval_batch_size: int = 64, resolved_config: dict | None = None) -> dict:
+                        eval_batch_size: int = 64, resolved_config: dict | None = None,
+                        base_model_record: dict | None = None, precision: str = "auto") -> dict:
     """Fine-tune base_model_dir on splits.splits["train"], keep the best epoch on "validation", save atomically."""
     _check_inputs(base_model_dir, splits, metric, epochs, batch_size)
-    output, kind, names = Path(output_dir), splits.kind, splits.label_names
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim:
+        return _finetune(claim, Path(output_dir), base_model_dir, splits, seed, epochs, batch_size, lr, weight_decay,
+                         warmup_ratio, max_length, metric, eval_batch_size, resolved_config, base_model_record,
+                         precision)
+
+
+def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epochs: int, batch_size: int, lr: float,
+              weight_decay: float, warmup_ratio: float, max_length: int, metric: str, eval_batch_size: int,
+              resolved_config: dict | None, base_model_record: dict | None, precision: str) -> dict:
+    kind, names = splits.kind, splits.label_names
     tokenizer = load_tokenizer(base_model_dir)
     num_labels = len(names) if names else None
     train_set = encode_examples(splits.splits["train"], tokenizer, kind, max_length, num_labels)
     validation_set = encode_examples(splits.splits["validation"], tokenizer, kind, max_length, num_labels)
     torch.manual_seed(seed)
     device = compute_device()
+    amp = use_autocast(precision, device)
     model = build_text_model(base_model_dir, kind, names).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    loader = text_loader(train_set, batch_size, shuffle=True, generator=generator)
+    loader = text_loader(train_set, batch_size, shuffle=True, generator=generator, **loader_options(device))
     scheduler = linear_schedule(optimizer, epochs * len(loader), warmup_ratio)
     fingerprint = _fingerprint(str(Path(base_model_dir).resolve()), kind, names, seed, epochs, batch_size, lr,
                                weight_decay, warmup_ratio, max_length, metric, splits.splits["train"],
-                               splits.splits["validation"])
+                               splits.splits["validation"], *(["bf16"] if amp else []))
+
+    def batch_loss(batch):
+        with autocast(device, amp):
+            return model(**to_device(batch, device)).loss
 
     def validate(model):
-        scores = evaluate_text_model(model, tokenizer, validation_set, kind, max_length, metric, eval_batch_size,
+        with autocast(device, amp):
+            scores = evaluate_text_model(model, tokenizer, validation_set, kind, max_length, metric, eval_batch_size,
                                      label_names=names)
-        return scores["score"], {f"validation_{k}": v for k, v in scores.items()}
+        return scores["score"], {f"validation_{k}": v for k, v in scores.items() if k != "per_example"}
 
-    fitted = fit(output, model, optimizer, scheduler, loader, lambda batch: model(**to_device(batch, device)).loss,
-                 validate, epochs, fingerprint, generator, metric)
+    fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
+                 metric)
     seconds, epoch_seconds = fitted.seconds, fitted.epoch_seconds
     report = {"seed": seed, "epochs": epochs, "kind": kind, "metric": metric, "label_names": names,
-              "base_model": str(base_model_dir), "schedule": SCHEDULE, "best_epoch": fitted.best_epoch,
+              "base_model": str(base_model_dir), "base_model_source": base_model_record,
+              "data_source": splits.info, "schedule": SCHEDULE, "bf16_autocast": amp, "best_epoch": fitted.best_epoch,
               "validation_score": fitted.best_score, "history": fitted.history, "seconds": seconds,
               "seconds_per_epoch": seconds / max(1, len(epoch_seconds)), "train_epoch_seconds": epoch_seconds,
               "train_examples_per_second": len(train_set) * len(epoch_seconds) / max(sum(epoch_seconds), 1e-9),
               "resumed_after_epoch": fitted.resumed_after_epoch,
               "num_parameters": sum(p.numel() for p in model.parameters()),
               "provenance": provenance(resolved_config, seed)}
-    with atomic_directory(output) as tmp:
+    with claim.writing() as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        write_json_atomic(report, tmp / "train.json")
+        write_json(report, tmp / "train.json")
     remove_checkpoint(output)
     return report

@@ -142,10 +142,30 @@ def _batch_loss_and_outputs(logits: torch.Tensor, labels: torch.Tensor, kind: st
     return loss.item(), int(keep.sum()), predictions, references
 
 
-def by_length(dataset: TextDataset) -> TextDataset:
-    """The same examples shortest first, so that batches pad little (every metric here is order-free)."""
-    order = sorted(range(len(dataset)), key=lambda i: len(dataset.features[i]["input_ids"]))
-    return TextDataset([dataset.features[i] for i in order], dataset.kind, dataset.pad_token_id)
+def length_order(dataset: TextDataset) -> list[int]:
+    """Example indices shortest first, so that batches pad little (every metric here is order-free)."""
+    return sorted(range(len(dataset)), key=lambda i: len(dataset.features[i]["input_ids"]))
+
+
+def per_example_record(kind: str, predictions: list, references: list, order: list[int]) -> dict:
+    """What the bootstrap of the task metric needs per example (uncertainty.py), in the examples' own order:
+    predicted and reference labels or values, or per sentence the entity spans predicted, gold and matched."""
+    def original(values: list) -> list:
+        placed = [None] * len(values)
+        for position, index in enumerate(order):
+            placed[index] = values[position]
+        return placed
+    if kind != "token_classification":
+        return {"prediction": original(predictions), "reference": original(references)}
+    from seqeval.metrics.sequence_labeling import get_entities   # a pipeline package, as in text_metrics
+
+    tp, predicted, gold = [], [], []
+    for reference, prediction in zip(references, predictions):
+        gold_spans, predicted_spans = set(get_entities(reference)), set(get_entities(prediction))
+        tp.append(len(gold_spans & predicted_spans))
+        predicted.append(len(predicted_spans))
+        gold.append(len(gold_spans))
+    return {"tp": original(tp), "predicted": original(predicted), "gold": original(gold)}
 
 
 def _tag_names(model, label_names) -> list[str]:
@@ -158,7 +178,8 @@ def _tag_names(model, label_names) -> list[str]:
 @torch.no_grad()
 def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, max_length: int, metric: str,
                         batch_size: int = 64, label_names: list[str] | None = None) -> dict:
-    """The metric's entries plus "loss" and "n" of `model` on `examples` (or an encoded TextDataset); eval mode.
+    """The metric's entries plus "loss", "n" and "per_example" (the bootstrap's record, uncertainty.py) of
+    `model` on `examples` (or an encoded TextDataset); eval mode.
 
     "loss" is the mean of the model's own loss over examples (cross-entropy; MSE for regression) or,
     for token classification, over the scored first sub-tokens; "n" counts examples. Token
@@ -173,7 +194,9 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
     model.eval()
     device = next(model.parameters()).device
     loss_sum, count, predictions, references = 0.0, 0, [], []
-    for batch in text_loader(by_length(dataset), batch_size, shuffle=False):
+    order = length_order(dataset)
+    ordered = TextDataset([dataset.features[i] for i in order], dataset.kind, dataset.pad_token_id)
+    for batch in text_loader(ordered, batch_size, shuffle=False):
         labels = batch.pop("labels")
         logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.cpu()
         parts = _batch_loss_and_outputs(logits, labels, kind)
@@ -184,7 +207,8 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
         names = _tag_names(model, label_names)
         predictions = [[names[t] for t in row] for row in predictions]
         references = [[names[t] for t in row] for row in references]
-    return {**score(references, predictions), "loss": loss_sum / max(count, 1), "n": len(dataset)}
+    return {**score(references, predictions), "loss": loss_sum / max(count, 1), "n": len(dataset),
+            "per_example": per_example_record(kind, predictions, references, order)}
 
 
 # ---------------------------------------------------------------- task heads

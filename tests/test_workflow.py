@@ -1,0 +1,42 @@
+"""The workflow: profiles validated against their schema, and the rehearsal running exactly the paper's DAG."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
+PROFILES = sorted((ROOT / "conf" / "profile").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_every_profile_follows_the_schema(path):
+    validate(yaml.safe_load(path.read_text()), str(SCHEMA))
+
+
+@pytest.mark.parametrize("section,key", [(None, "visoin"), ("vision", "fusion_method"), ("language", "regmean_alfa")])
+def test_a_misspelt_key_fails_naming_it(section, key):
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / "mini.yaml").read_text())
+    (settings if section is None else settings[section])[key] = 1
+    with pytest.raises(Exception, match=key):
+        validate(settings, str(SCHEMA))
+
+
+def job_counts(profile: str) -> dict[str, int]:
+    """Rule -> number of jobs of a dry run of the whole workflow for a profile (from scratch)."""
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--config", f"profile={profile}",
+                             "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = result.stdout[result.stdout.index("Job stats"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
+    paper, rehearsal = job_counts("paper"), job_counts("rehearsal")
+    assert paper == rehearsal
+    assert paper["train"] == 3 + 2 * 12 and paper["merge_evaluate"] == 3 * 5     # 3 ViT seeds: 3 pairs
