@@ -7,6 +7,7 @@ from torch.func import functional_call, grad, vmap
 
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
+from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
 
@@ -110,13 +111,9 @@ def _weighted(fishers: list[dict], states: list[dict], name: str, epsilon: float
     return (total / sum(weights)).to(states[0][name].dtype)
 
 
-def merge(models: list, batches: list | None, epsilon: float = 1e-8, chunk_size: int = 8, **options) -> dict:
+def _fuse(models: list, batches: list, epsilon: float, chunk_size: int) -> dict:
     """Fisher-weighted average of every parameter (plain average where no model has a gradient);
     buffers and non-float tensors from the anchor. `batches`: shared, or one list per model."""
-    if not batches:
-        raise SymfusionError("fusion method 'fisher' needs data batches (set fusion.num_batches > 0)")
-    if epsilon <= 0:
-        raise SymfusionError(f"fisher epsilon must be > 0 (it keeps unused parameters averaged), got {epsilon}")
     states = [m.state_dict() for m in models]
     fishers = [diagonal_fisher(m, batches_of(batches, i), chunk_size=chunk_size) for i, m in enumerate(models)]
     merged = average_states(states)  # kept for parameters without any gradient (all F_i = 0)
@@ -126,3 +123,15 @@ def merge(models: list, batches: list | None, epsilon: float = 1e-8, chunk_size:
         elif any(f[key].any() for f in fishers):
             merged[key] = _weighted(fishers, states, key, epsilon)
     return merged
+
+
+METHOD = FusionMethod(
+    "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True,
+    options=(
+        Option("epsilon", 1e-8, "added to every Fisher value (keeps parameters without gradient averaged)",
+               valid=lambda v: v > 0, rule="> 0"),
+        Option("chunk_size", 8, "examples per vmap call of the per-example gradients", kind=int,
+               valid=lambda v: v >= 1, rule=">= 1"),
+    ),
+)
+merge = METHOD.merge

@@ -59,6 +59,7 @@ import torch
 from symfusion.arch import FAMILIES, ModelLayout, Projection, check_compatible, check_same_layout, layout_of
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
+from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 from symfusion.symmetry import rotate_bias, rotate_columns, rotate_rows
 
@@ -78,61 +79,56 @@ class TransportMaps:
 # ---------------------------------------------------------------- the three methods
 
 @torch.no_grad()
-def merge_acts(models: list, batches: list[dict] | None, reg: float = 0.08, **options) -> dict:
+def _fuse_acts(models: list, batches: list[dict], reg: float) -> dict:
     """OT fusion with Sinkhorn maps (entropic reg `reg`) from standardized activations on `batches`."""
-    _check_options(options, "ot_acts", ("reg",))
-    return _merge_on_activations(models, batches, _check_reg(reg), "ot_acts")
+    return _merge_on_activations(models, batches, reg)
 
 
 @torch.no_grad()
-def merge_acts_emd(models: list, batches: list[dict] | None, **options) -> dict:
+def _fuse_acts_emd(models: list, batches: list[dict]) -> dict:
     """OT fusion with exact EMD maps from standardized activations on `batches`."""
-    _check_options(options, "ot_acts_emd", ())
-    return _merge_on_activations(models, batches, None, "ot_acts_emd")
+    return _merge_on_activations(models, batches, None)
 
 
 @torch.no_grad()
-def merge_wts(models: list, batches: list[dict] | None = None, reg: float = 0.06, **options) -> dict:
-    """OT fusion with Sinkhorn maps from L2-normalised weight rows (no data); option rounds=2."""
-    _check_options(options, "ot_wts", ("reg", "rounds"))
-    rounds = int(options.get("rounds", 2))
-    if rounds < 1:
-        raise SymfusionError(f"ot_wts: rounds={rounds} must be >= 1")
-    reg = _check_reg(reg)
+def _fuse_wts(models: list, batches, reg: float, rounds: int) -> dict:
+    """OT fusion with Sinkhorn maps from L2-normalised weight rows (no data)."""
     layout, axes, states = _setup(models)
     anchor = _float64(states[0])
     maps = [_weight_maps(anchor, _float64(s), layout, axes, reg, rounds) for s in states[1:]]
     return _fuse(states, maps, layout, axes)
 
 
-def _merge_on_activations(models: list, batches, reg: float | None, method: str) -> dict:
-    if not batches:
-        raise SymfusionError(f"fusion method {method!r} needs data batches (set fusion.num_batches > 0)")
+def _merge_on_activations(models: list, batches, reg: float | None) -> dict:
     batches = batches_of(batches, 0)   # activations of every model on the same (the anchor's) inputs
     layout, axes, states = _setup(models)
     maps = _activation_maps(models, layout, batches, reg)
     return _fuse(states, maps, layout, axes)
 
 
-def _check_options(options: dict, method: str, accepted: tuple[str, ...]) -> None:
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        known = ", ".join(accepted) or "none"
-        raise SymfusionError(f"{method}: unknown option(s) {', '.join(unknown)}; accepted: {known}")
+def _reg(default: float) -> Option:
+    return Option("reg", default, "entropic regularisation of Sinkhorn, relative to the max-normalised cost",
+                  valid=lambda v: v > 0, rule="> 0 (ot_acts_emd gives exact transport)")
 
 
-def _check_reg(reg) -> float:
-    if not float(reg) > 0:
-        raise SymfusionError(f"OT fusion: reg={reg} must be > 0 (use ot_acts_emd for exact transport)")
-    return float(reg)
+ACTS = FusionMethod("ot_acts", _fuse_acts, "OT fusion, Sinkhorn maps from standardized activations",
+                    options=(_reg(0.08),), reads_data=True)
+ACTS_EMD = FusionMethod("ot_acts_emd", _fuse_acts_emd, "OT fusion, exact EMD maps from standardized activations",
+                        reads_data=True)
+WTS = FusionMethod("ot_wts", _fuse_wts, "OT fusion, Sinkhorn maps from normalised weight rows", options=(
+    _reg(0.06),
+    Option("rounds", 2, "rounds of the residual map (later rounds add the aligned writer rows)", kind=int,
+           valid=lambda v: v >= 1, rule=">= 1"),
+))
+METHODS = (ACTS, ACTS_EMD, WTS)
+
+merge_acts, merge_acts_emd, merge_wts = ACTS.merge, ACTS_EMD.merge, WTS.merge
 
 
 # ---------------------------------------------------------------- layouts and residual axes
 
 def _setup(models: list):
     """Checks the models can be fused; returns the anchor's layout, residual axes and all state dicts."""
-    if len(models) < 2:
-        raise SymfusionError(f"fusion needs at least two models, got {len(models)}")
     anchor = models[0]
     for i, model in enumerate(models[1:], start=1):
         check_compatible(model.config, anchor.config, f"model {i}", "the anchor (model 0)")

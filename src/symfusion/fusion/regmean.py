@@ -6,6 +6,7 @@ from torch import nn
 
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
+from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
 
@@ -62,14 +63,10 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.linalg.solve(gram, rhs)
 
 
-def merge(models: list, batches: list | None, alpha: float = 0.9, **options) -> dict:
+def _fuse(models: list, batches: list, alpha: float) -> dict:
     """W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T for every linear layer, G' = alpha G + (1-alpha) diag(G);
     everything else (biases, LayerNorms, embeddings, linear layers no batch reaches) simply averaged.
     `batches`: shared by all models, or one list per model (each model's Gram on its own data)."""
-    if not batches:
-        raise SymfusionError("fusion method 'regmean' needs data batches (set fusion.num_batches > 0)")
-    if not 0.0 <= alpha <= 1.0:
-        raise SymfusionError(f"regmean alpha must be in [0, 1] (scale of off-diagonal Gram entries), got {alpha}")
     states = [m.state_dict() for m in models]
     grams = [gram_matrices(m, batches_of(batches, i)) for i, m in enumerate(models)]
     merged = average_states(states)
@@ -82,3 +79,13 @@ def merge(models: list, batches: list | None, alpha: float = 0.9, **options) -> 
         solution = _solve(sum(scaled), rhs, merged[key].double().T.to(rhs.device))  # W^T: (in, out)
         merged[key] = solution.T.to(device=states[0][key].device, dtype=states[0][key].dtype)
     return merged
+
+
+METHOD = FusionMethod(
+    "regmean", _fuse, "closed-form merge of every linear layer from its input Gram matrices", reads_data=True,
+    options=(
+        Option("alpha", 0.9, "scale of the off-diagonal Gram entries (0: diagonal Gram matrices)",
+               valid=lambda v: 0.0 <= v <= 1.0, rule="in [0, 1]"),
+    ),
+)
+merge = METHOD.merge
