@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from symfusion.errors import SymfusionError
 from symfusion.fusion import DATA_METHODS, FUSION_METHODS, check_fusion_config, fusion_method, merge_models
 from symfusion.fusion import fisher, ot, regmean, simple
+from symfusion.fusion.common import first_examples
 from symfusion.fusion.options import FusionMethod, Option
 from tiny_models import tiny_model
 
@@ -26,12 +27,15 @@ def test_the_registry_is_built_from_the_modules_declarations():
                                                                                 "ot_acts_emd")
 
 
-@pytest.mark.parametrize("name", list(FUSION_METHODS))
-def test_every_conf_file_is_valid(name):
-    """conf/fusion/<name>.yaml: known keys of the right types; num_batches only for methods that read data."""
+@pytest.mark.parametrize("name", ["simple", "fisher", "regmean"])
+def test_every_conf_file_is_valid_and_states_the_declared_defaults(name):
+    """conf/fusion/<name>.yaml: known keys of the right types, and the same values as the declaration."""
     config = conf(name)
-    assert check_fusion_config(config) is FUSION_METHODS[name]
-    assert ("num_batches" in config) == FUSION_METHODS[name].reads_data
+    method = check_fusion_config(config)
+    assert method is FUSION_METHODS[name]
+    assert {k: v for k, v in config.items() if k not in ("name", "num_batches")} == method.defaults()
+    assert ("num_batches" in config) == method.reads_data
+    assert (CONF / f"{name}.yaml").read_text().startswith("# ")        # one comment: which reference setting
 
 
 def test_every_conf_file_has_a_method():
@@ -42,8 +46,10 @@ def test_every_conf_file_has_a_method():
     ({"name": "regmean", "alpha": "high"}, "regmean: option alpha must be a number in [0, 1], got 'high'"),
     ({"name": "regmean", "alpha": {"vit": 0.0, "default": 2.0}}, "regmean: option alpha must be a number in [0, 1], got 2.0"),
     ({"name": "regmean", "alpha": {"gpt2": 0.5}}, "regmean: option alpha names unknown family 'gpt2'"),
-    ({"name": "fisher", "normalise": "param"}, "fisher: unknown option 'normalise'; its options are epsilon,"),
+    ({"name": "fisher", "normalise": "param"}, "fisher: unknown option 'normalise'; its options are num_examples,"),
+    ({"name": "fisher", "num_examples": 0}, "fisher: option num_examples must be an integer >= 1 or null, got 0"),
     ({"name": "fisher", "chunk_size": True}, "fisher: option chunk_size must be an integer >= 1, got True"),
+    ({"name": "fisher", "plain_average": "classifier"}, "fisher: option plain_average must be a list of strings"),
     ({"name": "ot_wts", "rounds": 1.5}, "ot_wts: option rounds must be an integer >= 1, got 1.5"),
     ({"name": "ot_wts", "num_batches": 4}, "ot_wts: reads no data, so it takes no num_batches"),
     ({"name": "fisher", "num_batches": 0}, "fisher: num_batches must be an integer >= 1, got 0"),
@@ -60,8 +66,8 @@ def test_per_family_values_resolve_for_the_models_family():
     values = {"alpha": {"vit": 0.0, "default": 0.1}}
     assert method.resolve(values, "vit")["alpha"] == 0.0
     assert method.resolve(values, "bert")["alpha"] == 0.1
-    assert method.resolve({"alpha": 0.5}, "vit")["alpha"] == 0.5                       # a plain value: every family
-    assert method.resolve({"alpha": {"vit": 0.0, "default": 0.1}}, None)["alpha"] == 0.1  # no family: the default
+    assert method.resolve({"alpha": 0.9}, "vit")["alpha"] == 0.9                       # a plain value: every family
+    assert method.resolve({}, None)["anchor_keys"] == []                                 # no config: the default entry
     with pytest.raises(SymfusionError, match="option alpha gives no value for family bert"):
         method.resolve({"alpha": {"vit": 0.0}}, "bert")
 
@@ -69,8 +75,8 @@ def test_per_family_values_resolve_for_the_models_family():
 def test_merge_models_takes_options_as_keywords_and_checks_them():
     models = [tiny_model("vit", seed=s) for s in (1, 2)]
     batches = [{"pixel_values": torch.randn(3, 3, 8, 8), "labels": torch.tensor([0, 1, 2])}]
-    by_name = merge_models("regmean", models, batches, alpha={"vit": 0.5, "default": 0.1})
-    torch.testing.assert_close(by_name, regmean.merge(models, batches, alpha=0.5))
+    by_name = merge_models("regmean", models, batches, alpha={"vit": 0.5, "default": 0.1}, anchor_keys=[])
+    torch.testing.assert_close(by_name, regmean.merge(models, batches, alpha=0.5, anchor_keys=[]))
     with pytest.raises(SymfusionError, match="simple: unknown option 'alpha'; its options are none"):
         merge_models("simple", models, None, alpha=0.5)
     with pytest.raises(SymfusionError, match="at least two models"):
@@ -85,3 +91,10 @@ def test_a_new_method_declares_its_options():
     assert method.merge(models) == {"w": 0.5} and method.merge(models, weight=2) == {"w": 2.0}
     with pytest.raises(SymfusionError, match="toy: option weight must be a number >= 0, got -1"):
         method.merge(models, weight=-1)
+
+
+def test_first_examples_cuts_batches_at_the_limit():
+    batches = [{"x": torch.arange(4), "labels": torch.arange(4), "flag": 1}, {"x": torch.arange(4, 8), "labels": torch.arange(4)}]
+    kept = first_examples(batches, 6)
+    assert [b["x"].tolist() for b in kept] == [[0, 1, 2, 3], [4, 5]] and kept[0]["flag"] == 1
+    assert first_examples(batches, None) == batches and len(first_examples(batches, 100)) == 2

@@ -8,8 +8,9 @@ per-family values before the maths runs.
 
 Per-family values. Any option may be given as one value or as a mapping from model family
 (arch.FAMILIES, i.e. config.model_type) to value, with an optional `default` entry for the other
-families: `alpha: {vit: 0.0, default: 0.1}`, so one conf/fusion/<name>.yaml can serve the vision
-and the language merges.
+families: `normalize: {vit: param, default: none}`. The references ran the ViT experiments and the
+language experiments with different settings; conf/fusion/<name>.yaml states both this way, so the
+same file serves the vision and the language merges.
 """
 from __future__ import annotations
 
