@@ -27,7 +27,7 @@ def test_the_registry_is_built_from_the_modules_declarations():
                                                                                 "ot_acts_emd")
 
 
-@pytest.mark.parametrize("name", ["simple", "fisher", "regmean"])
+@pytest.mark.parametrize("name", list(FUSION_METHODS))
 def test_every_conf_file_is_valid_and_states_the_declared_defaults(name):
     """conf/fusion/<name>.yaml: known keys of the right types, and the same values as the declaration."""
     config = conf(name)
@@ -50,7 +50,7 @@ def test_every_conf_file_has_a_method():
     ({"name": "fisher", "num_examples": 0}, "fisher: option num_examples must be an integer >= 1 or null, got 0"),
     ({"name": "fisher", "chunk_size": True}, "fisher: option chunk_size must be an integer >= 1, got True"),
     ({"name": "fisher", "plain_average": "classifier"}, "fisher: option plain_average must be a list of strings"),
-    ({"name": "ot_wts", "rounds": 1.5}, "ot_wts: option rounds must be an integer >= 1, got 1.5"),
+    ({"name": "ot_acts", "tokens": "window"}, "ot_acts: option tokens must be a string all, only_cls or window_<k>"),
     ({"name": "ot_wts", "num_batches": 4}, "ot_wts: reads no data, so it takes no num_batches"),
     ({"name": "fisher", "num_batches": 0}, "fisher: num_batches must be an integer >= 1, got 0"),
     ({"name": "average"}, "unknown fusion method 'average'; choose one of simple, fisher"),
