@@ -72,6 +72,14 @@ def test_per_family_values_resolve_for_the_models_family():
         method.resolve({"alpha": {"vit": 0.0}}, "bert")
 
 
+def test_methods_say_how_many_statistic_examples_they_read():
+    """What the merge stage must load per model: the references' counts for ViTs, whatever it gives text models."""
+    counts = {name: (m.examples(conf(name), "vit"), m.examples(conf(name), "bert")) for name, m in FUSION_METHODS.items()}
+    assert counts == {"simple": (0, 0), "fisher": (1000, None), "regmean": (1000, None), "ot_acts": (200, None),
+                      "ot_acts_emd": (200, None), "ot_wts": (0, 0)}
+    assert fusion_method("fisher").examples({"num_examples": 16}, "vit") == 16
+
+
 def test_merge_models_takes_options_as_keywords_and_checks_them():
     models = [tiny_model("vit", seed=s) for s in (1, 2)]
     batches = [{"pixel_values": torch.randn(3, 3, 8, 8), "labels": torch.tensor([0, 1, 2])}]

@@ -83,6 +83,13 @@ class FusionMethod:
     def defaults(self) -> dict:
         return {o.name: o.default for o in self.options}
 
+    def examples(self, config: Mapping[str, Any], family: str | None) -> int | None:
+        """Statistic examples per model the method reads with a fusion config (its stage keys ignored):
+        0 for a method without data, None for every example it is given (num_examples null or absent)."""
+        if not self.reads_data:
+            return 0
+        return self.resolve({k: v for k, v in config.items() if k not in STAGE_KEYS}, family).get("num_examples")
+
     def merge(self, models: list, batches: list | None = None, **options) -> dict:
         """Fuse `models` (anchor first): options checked and resolved for the models' family, then `fuse`."""
         if len(models) < 2:
