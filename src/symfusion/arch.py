@@ -20,7 +20,8 @@ their transformers class, so checkpoints written by older versions are renamed o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -121,7 +122,7 @@ class FamilySpec:
     base_prefix: str
     config_fields: tuple[str, ...] = ()
     inputs: str = "tokens"
-    stream: Mapping[str, str] = field(default_factory=dict)
+    stream: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def residual_axes_of(self, key: str) -> tuple[int, ...]:
         """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
