@@ -1,4 +1,5 @@
-"""Fisher merging and RegMean: closed-form cases, per-example Fisher, padding, tiny models of two families."""
+"""Fisher merging and RegMean: closed-form cases (the references' ViT settings among them), per-example Fisher,
+padding, tiny models of two families."""
 import pytest
 import torch
 import transformers as tf
@@ -86,6 +87,48 @@ def test_regmean_alpha0_only_reads_the_diagonal():
     assert not torch.allclose(regmean.merge(models, [{"x": x}], alpha=1.0)["fc.weight"], average, atol=1e-2)
 
 
+def test_diagonal_regmean_is_the_per_input_coordinate_weighted_average():
+    """alpha = 0 (the reference's ViT regmean_diag): W[:, j] = sum_i G_i[j, j] W_i[:, j] / sum_i G_i[j, j]."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 5, generator=gen)
+    mixes = [torch.diag(torch.rand(5, generator=gen) * 3 + 0.1) + 0.3 * torch.randn(5, 5, generator=gen)
+             for _ in range(3)]                                       # inputs of other scales, correlated
+    models = linear_models(mixes)
+    merged = regmean.merge(models, [{"x": x}], alpha=0.0)["fc.weight"].double()
+
+    energy = torch.stack([((x @ m).double() ** 2).mean(0) for m in mixes])             # (models, in): G_i[j, j]
+    weights = torch.stack([mdl.fc.weight.double() for mdl in models])                  # (models, out, in)
+    expected = (energy[:, None, :] * weights).sum(0) / energy.sum(0)                   # (out, in)
+    torch.testing.assert_close(merged, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(merged, simple.merge(models)["fc.weight"].double(), atol=1e-2)
+    assert not torch.allclose(merged, regmean.merge(models, [{"x": x}], alpha=0.1)["fc.weight"].double(), atol=1e-3)
+
+
+def test_regmean_of_vits_is_diagonal_with_the_anchors_classifier_weight_by_default():
+    """The reference's ViT RegMean: diagonal Grams; multi_label_head_special keeps the anchor's classifier weight."""
+    models = [tiny_model("vit", seed=s) for s in (1, 2)]
+    batches = image_batches(n=2, size=3)
+    merged = regmean.merge(models, batches)
+    explicit = regmean.merge(models, batches, alpha=0.0, anchor_keys=[])
+    anchor, average = models[0].state_dict(), simple.merge(models)
+    assert torch.equal(merged["classifier.weight"], anchor["classifier.weight"])
+    assert not torch.allclose(explicit["classifier.weight"], anchor["classifier.weight"], atol=1e-3)
+    torch.testing.assert_close(merged["classifier.bias"], average["classifier.bias"])
+    for key in explicit:
+        if key != "classifier.weight":
+            torch.testing.assert_close(merged[key], explicit[key], msg=key)
+    text = [tiny_model("bert", seed=s) for s in (1, 2)]
+    torch.testing.assert_close(regmean.merge(text, [text_batch()]), regmean.merge(text, [text_batch()], alpha=0.1))
+
+
+def test_regmean_and_fisher_read_only_num_examples_examples():
+    models = [tiny_model("vit", seed=s) for s in (1, 2)]
+    first, more = image_batches(n=1, size=3, seed=1), image_batches(n=2, size=3, seed=1)
+    for merge in (regmean.merge, fisher.merge):
+        torch.testing.assert_close(merge(models, more, num_examples=3), merge(models, first), msg=str(merge))
+        assert any(not torch.allclose(a, b) for a, b in zip(merge(models, more).values(), merge(models, first).values()))
+
+
 def test_regmean_with_a_singular_gram_stays_finite_and_averaged():
     x = torch.randn(3, 5, generator=torch.Generator().manual_seed(4))  # 3 rows < 5 features: rank-3 Gram
     models = linear_models([torch.eye(5)] * 2)
@@ -134,10 +177,65 @@ def test_fisher_differs_from_the_average_and_lies_between_the_models():
     for key in merged:
         low, high = torch.minimum(a[key], b[key]), torch.maximum(a[key], b[key])
         assert (merged[key] >= low - 1e-6).all() and (merged[key] <= high + 1e-6).all(), key
-    assert not torch.allclose(merged["classifier.weight"], average["classifier.weight"], atol=1e-3)
-    # the key bias cancels in the softmax: no gradient (only ~1e-15 rounding noise << epsilon), so averaged
+    assert not torch.allclose(merged["vit.layers.1.mlp.fc2.weight"], average["vit.layers.1.mlp.fc2.weight"], atol=1e-3)
+    # the key bias cancels in the softmax: no gradient, only ~1e-14 rounding noise against the ViT epsilon
+    # 1e-10, so averaged up to ~1e-4 of the models' difference
     key_bias = "vit.layers.0.attention.k_proj.bias"
-    assert torch.allclose(merged[key_bias], average[key_bias], rtol=0, atol=1e-6)
+    assert torch.allclose(merged[key_bias], average[key_bias], rtol=0, atol=1e-4)
+    assert not torch.allclose(merged[key_bias], a[key_bias], rtol=0, atol=1e-2)
+
+
+def test_fisher_of_vits_averages_embeddings_and_classifier_as_the_reference():
+    """The reference's ViT merger plainly averages every tensor named *embedding* or *classifier*."""
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    merged, average = fisher.merge(models, image_batches()), simple.merge(models)
+    weighted = fisher.merge(models, image_batches(), plain_average=[])
+    plain = [k for k in merged if "embedding" in k or "classifier" in k]
+    assert "vit.embeddings.cls_token" in plain and "classifier.weight" in plain
+    for key in merged:
+        expected = average[key] if key in plain else weighted[key]
+        torch.testing.assert_close(merged[key], expected, msg=key)
+    assert not torch.allclose(weighted["classifier.weight"], average["classifier.weight"], atol=1e-3)
+
+
+def planted_fisher(monkeypatch, values):
+    """diagonal_fisher returns values[i] for models[i]."""
+    calls = iter(values)
+    monkeypatch.setattr(fisher, "diagonal_fisher", lambda model, batches, **kw: next(calls))
+
+
+def test_param_normalised_fisher_is_the_closed_form(monkeypatch):
+    """normalize=param: theta = sum_i c_i (F_i + eps) theta_i / sum_i c_i (F_i + eps), c_i ~ 1 / (||F_i|| + eps)."""
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    gen = torch.Generator().manual_seed(3)
+    values = [{n: torch.rand(p.shape, generator=gen) * scale for n, p in models[0].named_parameters()}
+              for scale in (1.0, 40.0)]
+    planted_fisher(monkeypatch, values)
+    merged = fisher.merge(models, image_batches(), normalize="param", plain_average=[], epsilon=1e-10)
+    states = [m.state_dict() for m in models]
+    for key in values[0]:
+        w = [v[key].double() / v[key].double().norm() for v in values]              # F_i / ||F_i||
+        expected = (w[0] * states[0][key] + w[1] * states[1][key]) / (w[0] + w[1])
+        torch.testing.assert_close(merged[key].double(), expected, msg=key)
+
+
+def test_param_normalised_fisher_of_proportional_fishers_is_the_average(monkeypatch):
+    """F_2 = s F_1 in every tensor: the normalised weights agree, the merge is the plain average,
+    where the unnormalised merge is (theta_1 + s theta_2) / (1 + s)."""
+    models = [tiny_model("vit", seed=1), tiny_model("vit", seed=2)]
+    gen = torch.Generator().manual_seed(4)
+    base = {n: torch.rand(p.shape, generator=gen) + 0.1 for n, p in models[0].named_parameters()}
+    scale = 9.0
+    values = [base, {n: v * scale for n, v in base.items()}]
+    planted_fisher(monkeypatch, values)
+    normalised = fisher.merge(models, image_batches(), normalize="param", plain_average=[])
+    planted_fisher(monkeypatch, values)
+    plain = fisher.merge(models, image_batches(), normalize="none", plain_average=[])
+    a, b = (m.state_dict() for m in models)
+    average = simple.merge(models)
+    for key in base:
+        torch.testing.assert_close(normalised[key], average[key], msg=key)
+        torch.testing.assert_close(plain[key], (a[key] + scale * b[key]) / (1 + scale), msg=key)
 
 
 def test_fisher_is_per_example_and_matches_a_manual_loop():
@@ -213,5 +311,11 @@ def test_bad_options_are_rejected():
     batch = image_batches()[0]
     with pytest.raises(SymfusionError, match="labels"):
         fisher.merge(models, [{"pixel_values": batch["pixel_values"]}])
-    with pytest.raises(SymfusionError, match="alpha"):
+    with pytest.raises(SymfusionError, match=r"regmean: option alpha must be a number in \[0, 1\], got 1.5"):
         regmean.merge(models, [batch], alpha=1.5)
+    with pytest.raises(SymfusionError, match="fisher: option normalize must be one of none, param, got 'model'"):
+        fisher.merge(models, [batch], normalize="model")
+    with pytest.raises(SymfusionError, match="fisher: option epsilon must be a number > 0"):
+        fisher.merge(models, [batch], epsilon=0)
+    with pytest.raises(SymfusionError, match="anchor_keys names 'head.weight'"):
+        regmean.merge(models, [batch], anchor_keys=["head.weight"])

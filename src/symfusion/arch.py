@@ -20,6 +20,7 @@ their transformers class, so checkpoints written by older versions are renamed o
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -107,6 +108,12 @@ class FamilySpec:
                       the rest is the task head (as transformers' base_model_prefix)
     config_fields:    config fields besides SHAPE_FIELDS that must agree between matched or merged models
     inputs:           what the model reads: "tokens" (input_ids, attention_mask) or "pixels"
+    stream:           where each residual tensor other than the Q/K/V/O/FFN projections sits along the
+                      residual stream, by module-name fragment (matched on module boundaries, the
+                      longest match wins): "in", "mid", "out" inside a layer (its input; after the
+                      attention block's residual add; after the FFN's), "embeddings" (before layer 0),
+                      "head" (after the last layer), and for ViT the embedding parts "class_token",
+                      "positions", "patches". OT fusion aligns each tensor with the map of its place.
     """
 
     name: str
@@ -115,6 +122,7 @@ class FamilySpec:
     base_prefix: str
     config_fields: tuple[str, ...] = ()
     inputs: str = "tokens"
+    stream: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def residual_axes_of(self, key: str) -> tuple[int, ...]:
         """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
@@ -125,6 +133,17 @@ class FamilySpec:
             f"the {self.name} family does not know the residual axes of {key!r}; "
             "add its key suffix to the family's residual_axes in symfusion/arch.py"
         )
+
+    def stream_position_of(self, key: str) -> str:
+        """Where a residual tensor sits along the residual stream (see `stream`); raises for an unknown key."""
+        path = "." + key + "."
+        found = [f for f in self.stream if "." + f + "." in path]
+        if not found:
+            raise SymfusionError(
+                f"the {self.name} family does not know where {key!r} sits in the residual stream; "
+                "add its module to the family's stream in symfusion/arch.py"
+            )
+        return self.stream[max(found, key=len)]
 
     def head_keys(self, keys) -> list[str]:
         """The task-head keys among `keys`: everything outside "<base_prefix>." (BERT's pooler is body)."""
@@ -146,6 +165,9 @@ _ENCODER_MODULES = {
 }
 _POOLER = {"pooler.dense.weight": (0, 1), "pooler.dense.bias": (0,)}   # (H, H): residual on both axes
 _CLASSIFIER = {"classifier.weight": (1,), "classifier.bias": ()}       # label rows never move
+# post-LN encoders: each block's LayerNorm follows its residual add
+_TEXT_STREAM = {"embeddings": "embeddings", "attention.output.LayerNorm": "mid", "output.LayerNorm": "out",
+                "pooler": "head", "classifier": "head"}
 _TEXT_RESIDUAL = {
     "embeddings.word_embeddings.weight": (1,),        # (vocab, hidden)
     "embeddings.position_embeddings.weight": (1,),    # (positions, hidden)
@@ -157,9 +179,10 @@ _TEXT_RESIDUAL = {
 }
 
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
-    FamilySpec(name="bert", modules=_ENCODER_MODULES, residual_axes=_TEXT_RESIDUAL, base_prefix="bert"),
+    FamilySpec(name="bert", modules=_ENCODER_MODULES, residual_axes=_TEXT_RESIDUAL, base_prefix="bert",
+               stream=_TEXT_STREAM),
     FamilySpec(
-        name="roberta", modules=_ENCODER_MODULES, base_prefix="roberta",
+        name="roberta", modules=_ENCODER_MODULES, base_prefix="roberta", stream=_TEXT_STREAM,
         residual_axes={
             **_TEXT_RESIDUAL,
             "classifier.dense.weight": (0, 1),        # sequence head: dense -> tanh -> out_proj
@@ -180,11 +203,19 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
         },
         # relative embeddings (2 * buckets, hidden) are read by the Q/K maps (share_att_key) or pos_*_proj
         residual_axes={**_TEXT_RESIDUAL, "encoder.rel_embeddings.weight": (1,)},
+        # the relative embeddings and their LayerNorm are read by every layer; OT fusion puts them in
+        # the basis of the stream entering layer 0
+        stream={**_TEXT_STREAM, "encoder.rel_embeddings": "embeddings", "encoder.LayerNorm": "embeddings"},
         config_fields=("relative_attention", "share_att_key", "pos_att_type", "position_buckets",
                        "max_relative_positions"),
     ),
     FamilySpec(
         name="vit", base_prefix="vit", inputs="pixels",
+        # pre-LN layers: layernorm_before reads a layer's input, layernorm_after the stream after attention
+        stream={"embeddings.cls_token": "class_token", "embeddings.position_embeddings": "positions",
+                "embeddings.patch_embeddings": "patches", "embeddings.mask_token": "patches",
+                "layernorm_before": "in", "layernorm_after": "mid", "layernorm": "head", "pooler": "head",
+                "classifier": "head"},
         modules={
             "layer": "layers.{i}.",
             "query": "attention.q_proj",

@@ -1,36 +1,46 @@
-"""Fusion methods by name: an explicit registry of merge functions over k >= 2 models (anchor first).
+"""Fusion methods by name: the registry, built from the declaration each method module makes of itself.
 
-Every merge function has the signature
+A method module declares a `FusionMethod` (fusion/options.py): its name, its merge function, its
+options (names, defaults, validation) and whether it reads data. Every merge has the signature
     merge(models: list[nn.Module], batches: list[dict] | None, **options) -> dict[str, Tensor]
 and returns a state dict with the anchor's keys, shapes and dtypes. `models[0]` is the anchor;
 the others are sources, usually already matched onto it (statistics such as Fisher and Gram
 matrices are then computed on the matched models, as they must be). `batches` are inputs of
-the task (dicts a model's forward takes, with `labels`), for methods that need data.
+the task (dicts a model's forward takes, with `labels`), for methods that read data.
+conf/fusion/<name>.yaml holds the values the pipeline uses; `check_fusion_config` checks it.
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from symfusion.errors import SymfusionError
 from symfusion.fusion import fisher, ot, regmean, simple
+from symfusion.fusion.options import STAGE_KEYS, FusionMethod, check_config
 
-FUSION_METHODS = {
-    "simple": simple.merge,
-    "fisher": fisher.merge,
-    "regmean": regmean.merge,
-    "ot_acts": ot.merge_acts,
-    "ot_acts_emd": ot.merge_acts_emd,
-    "ot_wts": ot.merge_wts,
+FUSION_METHODS: dict[str, FusionMethod] = {
+    method.name: method for method in (simple.METHOD, fisher.METHOD, regmean.METHOD, *ot.METHODS)
 }
 
 # Methods that read task data (statistic batches); the others ignore `batches`.
-DATA_METHODS = ("fisher", "regmean", "ot_acts", "ot_acts_emd")
+DATA_METHODS = tuple(name for name, method in FUSION_METHODS.items() if method.reads_data)
+
+__all__ = ["DATA_METHODS", "FUSION_METHODS", "STAGE_KEYS", "check_fusion_config", "fusion_method", "merge_models"]
+
+
+def fusion_method(name: str) -> FusionMethod:
+    """The declaration of a fusion method (raises naming the known ones)."""
+    if name not in FUSION_METHODS:
+        raise SymfusionError(f"unknown fusion method {name!r}; choose one of {', '.join(FUSION_METHODS)}")
+    return FUSION_METHODS[name]
+
+
+def check_fusion_config(config: Mapping[str, Any]) -> FusionMethod:
+    """Check a fusion config (conf/fusion/<name>.yaml plus overrides) against its method's declaration."""
+    method = fusion_method(config.get("name"))
+    check_config(method, config)
+    return method
 
 
 def merge_models(method: str, models: list, batches: list[dict] | None = None, **options) -> dict:
     """Fuse `models` (anchor first) with the named method; returns the merged state dict."""
-    if method not in FUSION_METHODS:
-        raise SymfusionError(f"unknown fusion method {method!r}; choose one of {', '.join(FUSION_METHODS)}")
-    if len(models) < 2:
-        raise SymfusionError(f"fusion needs at least two models, got {len(models)}")
-    if method in DATA_METHODS and not batches:
-        raise SymfusionError(f"fusion method {method!r} needs data batches (set fusion.num_batches > 0)")
-    return FUSION_METHODS[method](models, batches, **options)
+    return fusion_method(method).merge(models, batches, **options)

@@ -1,4 +1,15 @@
-"""Fisher merging (Matena & Raffel 2022): parameters averaged with diagonal-Fisher weights."""
+"""Fisher merging (Matena & Raffel 2022): parameters averaged with diagonal-Fisher weights.
+
+    theta = sum_i w_i theta_i / sum_i w_i,   w_i = c_i (F_i + eps)            (per entry)
+
+F_i is model i's diagonal Fisher, the mean over examples of the squared per-example gradient of
+the loss (the labels' loss: the empirical Fisher). With normalize=param (the reference's ViT
+setting, fisher_normalize: param), each model's Fisher is first scaled per parameter tensor p:
+c_i = (1 / (||F_i[p]|| + eps)) / sum_j (1 / (||F_j[p]|| + eps)), ||.|| the Frobenius norm, so a
+model whose Fisher is uniformly larger does not dominate; with normalize=none, c_i = 1.
+Tensors whose name contains one of `plain_average` are plainly averaged (the reference's ViT
+merger does this for every name containing "embedding" or "classifier").
+"""
 from __future__ import annotations
 
 import torch
@@ -6,7 +17,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from symfusion.errors import SymfusionError
-from symfusion.fusion.common import batches_of
+from symfusion.fusion.common import batches_of, first_examples
+from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
 
@@ -102,27 +114,56 @@ def diagonal_fisher(model: nn.Module, batches: list[dict], chunk_size: int = 8, 
     return fisher
 
 
+def fisher_weights(fishers: list[dict], name: str, epsilon: float, normalize: str) -> list[torch.Tensor]:
+    """w_i = c_i (F_i + eps) of one tensor (float64); c_i from the per-tensor norms when normalize=param."""
+    values = [f[name].double() for f in fishers]
+    if normalize == "none":
+        return [v + epsilon for v in values]
+    inverse = [1.0 / (v.norm() + epsilon) for v in values]           # 1 / (||F_i|| + eps)
+    return [c / sum(inverse) * (v + epsilon) for c, v in zip(inverse, values)]
+
+
 @torch.no_grad()
-def _weighted(fishers: list[dict], states: list[dict], name: str, epsilon: float) -> torch.Tensor:
-    """sum_i (F_i + eps) theta_i / sum_i (F_i + eps): the plain average where all F_i are equal (or zero)."""
-    weights = [f[name].double() + epsilon for f in fishers]
+def _weighted(weights: list[torch.Tensor], states: list[dict], name: str) -> torch.Tensor:
+    """sum_i w_i theta_i / sum_i w_i in float64, cast back to the anchor's dtype."""
     total = sum(w * s[name].double() for w, s in zip(weights, states))
     return (total / sum(weights)).to(states[0][name].dtype)
 
 
-def merge(models: list, batches: list | None, epsilon: float = 1e-8, chunk_size: int = 8, **options) -> dict:
-    """Fisher-weighted average of every parameter (plain average where no model has a gradient);
-    buffers and non-float tensors from the anchor. `batches`: shared, or one list per model."""
-    if not batches:
-        raise SymfusionError("fusion method 'fisher' needs data batches (set fusion.num_batches > 0)")
-    if epsilon <= 0:
-        raise SymfusionError(f"fisher epsilon must be > 0 (it keeps unused parameters averaged), got {epsilon}")
+def _fuse(models: list, batches: list, epsilon: float, normalize: str, plain_average: list[str],
+          num_examples: int | None, chunk_size: int) -> dict:
+    """Fisher-weighted average of every parameter (plain average where no model has a gradient, and for
+    names containing a `plain_average` part); buffers and non-float tensors from the anchor.
+    `batches`: shared, or one list per model; each model's Fisher on its first `num_examples` examples."""
     states = [m.state_dict() for m in models]
-    fishers = [diagonal_fisher(m, batches_of(batches, i), chunk_size=chunk_size) for i, m in enumerate(models)]
+    fishers = [diagonal_fisher(m, first_examples(batches_of(batches, i), num_examples), chunk_size=chunk_size)
+               for i, m in enumerate(models)]
     merged = average_states(states)  # kept for parameters without any gradient (all F_i = 0)
     for key, tensor in states[0].items():
         if key not in fishers[0]:
             merged[key] = tensor.clone()  # a buffer
+        elif any(part in key for part in plain_average):
+            continue
         elif any(f[key].any() for f in fishers):
-            merged[key] = _weighted(fishers, states, key, epsilon)
+            merged[key] = _weighted(fisher_weights(fishers, key, epsilon, normalize), states, key)
     return merged
+
+
+METHOD = FusionMethod(
+    "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True,
+    options=(
+        Option("num_examples", {"vit": 1000, "default": None},
+               "examples per model the Fisher is estimated on (null: every example given)",
+               kind=int, valid=lambda v: v >= 1, rule=">= 1", nullable=True),
+        Option("normalize", {"vit": "param", "default": "none"},
+               "scale each model's Fisher per parameter tensor (param) or not (none)", kind=str, choices=("none", "param")),
+        Option("plain_average", {"vit": ["embedding", "classifier"], "default": []},
+               "parameters whose name contains one of these are plainly averaged", kind=list),
+        Option("epsilon", {"vit": 1e-10, "default": 1e-8},
+               "added to every Fisher value (keeps parameters without gradient averaged)",
+               valid=lambda v: v > 0, rule="> 0"),
+        Option("chunk_size", 8, "examples per vmap call of the per-example gradients", kind=int,
+               valid=lambda v: v >= 1, rule=">= 1"),
+    ),
+)
+merge = METHOD.merge

@@ -1,11 +1,24 @@
-"""RegMean (Jin et al. 2023): linear layers merged in closed form from their input Gram matrices."""
+"""RegMean (Jin et al. 2023): linear layers merged in closed form from their input Gram matrices.
+
+For every nn.Linear reached by the data, with G_i = X_i^T X_i / n_i the Gram matrix of model i's
+inputs to it:
+
+    W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T,   G'_i = alpha G_i + (1 - alpha) diag(G_i)
+
+alpha scales the off-diagonal entries (the reference's regmean_reduce_nondiag); alpha = 0 is the
+diagonal Gram (regmean_diag: true), where the merge is a per-input-coordinate weighted average
+W[:, j] = sum_i G_i[j, j] W_i[:, j] / sum_i G_i[j, j]. Biases, LayerNorms, embeddings and linear
+layers no batch reaches are plainly averaged; `anchor_keys` are taken from the anchor (the
+reference's ViT merger keeps the anchor's classifier weight: multi_label_head_special).
+"""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from symfusion.errors import SymfusionError
-from symfusion.fusion.common import batches_of
+from symfusion.fusion.common import batches_of, first_examples
+from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
 
@@ -62,16 +75,15 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.linalg.solve(gram, rhs)
 
 
-def merge(models: list, batches: list | None, alpha: float = 0.9, **options) -> dict:
+def _fuse(models: list, batches: list, alpha: float, anchor_keys: list[str], num_examples: int | None) -> dict:
     """W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T for every linear layer, G' = alpha G + (1-alpha) diag(G);
-    everything else (biases, LayerNorms, embeddings, linear layers no batch reaches) simply averaged.
-    `batches`: shared by all models, or one list per model (each model's Gram on its own data)."""
-    if not batches:
-        raise SymfusionError("fusion method 'regmean' needs data batches (set fusion.num_batches > 0)")
-    if not 0.0 <= alpha <= 1.0:
-        raise SymfusionError(f"regmean alpha must be in [0, 1] (scale of off-diagonal Gram entries), got {alpha}")
+    everything else simply averaged, `anchor_keys` from the anchor. `batches`: shared by all models,
+    or one list per model (each model's Gram on its own data, its first `num_examples` examples)."""
     states = [m.state_dict() for m in models]
-    grams = [gram_matrices(m, batches_of(batches, i)) for i, m in enumerate(models)]
+    missing = sorted(set(anchor_keys) - set(states[0]))
+    if missing:
+        raise SymfusionError(f"regmean: anchor_keys names {missing[0]!r}, which the models do not have")
+    grams = [gram_matrices(m, first_examples(batches_of(batches, i), num_examples)) for i, m in enumerate(models)]
     merged = average_states(states)
     for name in grams[0]:
         key = f"{name}.weight"
@@ -81,4 +93,22 @@ def merge(models: list, batches: list | None, alpha: float = 0.9, **options) -> 
         rhs = sum(g @ s[key].double().T.to(g.device) for g, s in zip(scaled, states))  # (in, out)
         solution = _solve(sum(scaled), rhs, merged[key].double().T.to(rhs.device))  # W^T: (in, out)
         merged[key] = solution.T.to(device=states[0][key].device, dtype=states[0][key].dtype)
+    for key in anchor_keys:
+        merged[key] = states[0][key].clone()
     return merged
+
+
+METHOD = FusionMethod(
+    "regmean", _fuse, "closed-form merge of every linear layer from its input Gram matrices", reads_data=True,
+    options=(
+        Option("alpha", {"vit": 0.0, "default": 0.1},
+               "scale of the off-diagonal Gram entries (0: diagonal Gram matrices)",
+               valid=lambda v: 0.0 <= v <= 1.0, rule="in [0, 1]"),
+        Option("anchor_keys", {"vit": ["classifier.weight"], "default": []},
+               "state-dict keys taken from the anchor instead of merged", kind=list),
+        Option("num_examples", {"vit": 1000, "default": None},
+               "examples per model the Gram matrices are computed on (null: every example given)",
+               kind=int, valid=lambda v: v >= 1, rule=">= 1", nullable=True),
+    ),
+)
+merge = METHOD.merge

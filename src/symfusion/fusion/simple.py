@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from symfusion.fusion.options import FusionMethod
+
 
 def average_states(states: list[dict], weights: list[float] | None = None) -> dict:
     """Weighted average of floating tensors; integer buffers are taken from the first state."""
@@ -18,6 +20,10 @@ def average_states(states: list[dict], weights: list[float] | None = None) -> di
 
 
 @torch.no_grad()
-def merge(models: list, batches=None, **options) -> dict:
+def _fuse(models: list, batches=None) -> dict:
     """theta = mean_i theta_i over all parameters and floating buffers."""
     return average_states([m.state_dict() for m in models])
+
+
+METHOD = FusionMethod("simple", _fuse, "parameter average", reads_data=False)
+merge = METHOD.merge
