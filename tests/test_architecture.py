@@ -9,7 +9,7 @@ PACKAGE = SRC / "symfusion"
 
 # Layers from the bottom up; a module may import only from its own layer or a lower one.
 LAYERS = [
-    ("base", ["errors", "config", "provenance", "text_metrics", "outputs"]),
+    ("base", ["errors", "config", "provenance", "text_metrics", "outputs", "uncertainty"]),
     ("library", ["arch", "symmetry", "measures", "interpolation", "matching", "fusion", "modelio", "basemodels",
                  "training", "data", "revisions", "standins", "sharded", "align"]),
     ("tasks", ["tasks"]),
@@ -121,3 +121,16 @@ def test_no_task_kind_branches_outside_the_tasks_package(forbidden):
              if not name.startswith("symfusion.tasks") and not name.startswith("symfusion.data")
              and any(isinstance(n, ast.Name) and n.id == forbidden for n in ast.walk(tree))]
     assert users == []
+
+
+def test_the_package_ships_every_config_file():
+    """pip install symfusion (a wheel) must carry conf/: src/symfusion/conf links to it, package-data lists it."""
+    import fnmatch
+    import tomllib
+
+    root = SRC.parent
+    assert (PACKAGE / "conf").resolve() == (root / "conf").resolve()
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["symfusion"]
+    files = [p.relative_to(root).as_posix() for p in (root / "conf").rglob("*") if p.is_file()]
+    unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, pattern) for pattern in patterns)]
+    assert files and unshipped == []

@@ -46,7 +46,7 @@ def test_every_conf_file_has_a_method():
     ({"name": "regmean", "alpha": "high"}, "regmean: option alpha must be a number in [0, 1], got 'high'"),
     ({"name": "regmean", "alpha": {"vit": 0.0, "default": 2.0}}, "regmean: option alpha must be a number in [0, 1], got 2.0"),
     ({"name": "regmean", "alpha": {"gpt2": 0.5}}, "regmean: option alpha names unknown family 'gpt2'"),
-    ({"name": "fisher", "normalise": "param"}, "fisher: unknown option 'normalise'; its options are num_examples,"),
+    ({"name": "fisher", "normalise": "param"}, "fusion method 'fisher' has no option normalise; its options are num_examples,"),
     ({"name": "fisher", "num_examples": 0}, "fisher: option num_examples must be an integer >= 1 or null, got 0"),
     ({"name": "fisher", "chunk_size": True}, "fisher: option chunk_size must be an integer >= 1, got True"),
     ({"name": "fisher", "plain_average": "classifier"}, "fisher: option plain_average must be a list of strings"),
@@ -85,7 +85,7 @@ def test_merge_models_takes_options_as_keywords_and_checks_them():
     batches = [{"pixel_values": torch.randn(3, 3, 8, 8), "labels": torch.tensor([0, 1, 2])}]
     by_name = merge_models("regmean", models, batches, alpha={"vit": 0.5, "default": 0.1}, anchor_keys=[])
     torch.testing.assert_close(by_name, regmean.merge(models, batches, alpha=0.5, anchor_keys=[]))
-    with pytest.raises(SymfusionError, match="simple: unknown option 'alpha'; its options are none"):
+    with pytest.raises(SymfusionError, match="fusion method 'simple' has no option alpha; its options are none"):
         merge_models("simple", models, None, alpha=0.5)
     with pytest.raises(SymfusionError, match="at least two models"):
         merge_models("simple", models[:1])

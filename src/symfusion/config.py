@@ -31,7 +31,8 @@ def group_path(group: str, name: str) -> Path:
     path = CONF_DIR / group / f"{name}.yaml"
     if not isinstance(name, str) or "/" in name or not path.is_file():
         known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        raise SymfusionError(f"unknown {group} {name!r}; choose one of {', '.join(known)}")
+        what = {"fusion": "fusion method"}.get(group, group)
+        raise SymfusionError(f"unknown {what} {name!r}; choose one of {', '.join(known)}")
     return path
 
 

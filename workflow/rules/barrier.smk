@@ -17,6 +17,8 @@ rule barrier:
     benchmark:
         f"{BENCH}/vision/{{task}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
+    resources:
+        gpu=1,
     conda:
         ENV
     shell:

@@ -16,6 +16,8 @@ rule evaluate_end_model:
     benchmark:
         f"{BENCH}/{{track}}/{{group}}/evaluate/end/{{name}}.tsv"
     threads: 1
+    resources:
+        gpu=1,
     conda:
         ENV
     shell:

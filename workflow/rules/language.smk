@@ -77,6 +77,8 @@ rule layer_sweep:
     benchmark:
         f"{BENCH}/lang/{{lmodel}}/layers.tsv"
     threads: 2
+    resources:
+        gpu=1,
     conda:
         ENV
     shell:

@@ -112,7 +112,7 @@ class FusionMethod:
         unknown = sorted(set(options) - set(self._by_name))
         if unknown:
             known = ", ".join(self._by_name) or "none"
-            raise SymfusionError(f"{self.name}: unknown option {unknown[0]!r}; its options are {known}")
+            raise SymfusionError(f"fusion method {self.name!r} has no option {unknown[0]}; its options are {known}")
 
     def check_values(self, options: Mapping[str, Any]) -> None:
         """Check options as a config gives them: names, and every value (each per-family value too)."""

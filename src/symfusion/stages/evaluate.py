@@ -29,7 +29,7 @@ def model_origin(model_dir: Path) -> dict:
 def merge_origin(merge: dict) -> dict:
     """The origin fields of a merged model, from its merge report (merge.json)."""
     return {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
-            "merged_models": merge["models"]}
+            "merged_models": merge["models"], "statistic_examples": merge.get("statistic_examples")}
 
 
 def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,

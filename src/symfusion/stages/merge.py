@@ -10,9 +10,9 @@ import torch
 from omegaconf import OmegaConf
 
 from symfusion.arch import check_finite
-from symfusion.config import CONF_DIR
+from symfusion.config import group_path
 from symfusion.errors import SymfusionError
-from symfusion.fusion import FUSION_METHODS, merge_models
+from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
 from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
@@ -21,7 +21,7 @@ from symfusion.stages.common import load_models, matching_of
 from symfusion.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
 
 # Fusion options that select data rather than being passed to the method.
-DATA_OPTIONS = ("name", "num_batches")
+DATA_OPTIONS = STAGE_KEYS
 
 
 def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
@@ -34,23 +34,26 @@ def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
 
 
 def fusion_config(name: str, overrides: dict | None = None) -> dict:
-    """conf/fusion/<name>.yaml as a dict, with `overrides` (e.g. num_batches, alpha) on top."""
-    path = CONF_DIR / "fusion" / f"{name}.yaml"
-    if name not in FUSION_METHODS or not path.is_file():
-        raise SymfusionError(f"unknown fusion method {name!r}; choose one of {', '.join(FUSION_METHODS)}")
-    fusion = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    unknown = sorted(set(overrides or {}) - set(fusion))
-    if unknown:
-        raise SymfusionError(f"fusion method {name!r} has no option {', '.join(unknown)}; "
-                             f"its options are {', '.join(sorted(fusion))}")
-    return {**fusion, **(overrides or {})}
+    """conf/fusion/<name>.yaml as a dict with `overrides` (e.g. num_batches, alpha) on top, checked against the
+    method's declared options (fusion/options.py): an unknown or badly typed option is one error line."""
+    fusion = {**OmegaConf.to_container(OmegaConf.load(group_path("fusion", name)), resolve=True), **(overrides or {})}
+    check_fusion_config(fusion)
+    return fusion
 
 
 def check_fusion(fusion: dict) -> str:
-    method = fusion.get("name")
-    if method not in FUSION_METHODS:
-        raise SymfusionError(f"unknown fusion method {method!r}; choose one of {', '.join(FUSION_METHODS)}")
-    return method
+    """The fusion method a fusion config names (one error line when it names none)."""
+    return fusion_method(fusion.get("name")).name
+
+
+def statistic_examples(method: str, fusion: dict, batches: list | None, family: str) -> int:
+    """How many examples per model the method's statistics used: its declared count, at most what was given."""
+    if not batches:
+        return 0
+    first = batches[0] if isinstance(batches[0], (list, tuple)) else batches
+    given = sum(int(batch["labels"].shape[0]) for batch in first)
+    wanted = FUSION_METHODS[method].examples(fusion, family)
+    return given if wanted is None else min(given, int(wanted))
 
 
 def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) -> list | None:
@@ -82,6 +85,7 @@ def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, 
     report = {
         "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
         "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
+        "statistic_examples": statistic_examples(method, fusion, batches, loaded[0].config.model_type),
     }
     return merged, report
 
