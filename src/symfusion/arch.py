@@ -136,8 +136,9 @@ class ModelLayout:
         out = dict(canonical)
         parts: dict[str, list[tuple[int, str, Stored]]] = {}
         for key, where in self.stored:
-            parts.setdefault(where.key, []).append((where.start, key, where))
-            out.pop(key)
+            if key in canonical:
+                parts.setdefault(where.key, []).append((where.start, key, where))
+                out.pop(key)
         for stored_key, pieces in parts.items():
             pieces.sort()
             tensor = torch.cat([canonical[key] for _, key, _ in pieces])
@@ -147,6 +148,11 @@ class ModelLayout:
     def module_type(self, key: str) -> str:
         """Which part of the model a state-dict key belongs to: attention_qk, attention_vo, ffn or other."""
         return self._module_types().get(key, "other")
+
+    def stored_keys(self, keys) -> list[str]:
+        """The stored tensors that hold the given canonical keys (GPT-2's c_attn for its Q, K, V views)."""
+        where = dict(self.stored)
+        return list(dict.fromkeys(where[k].key if k in where else k for k in keys))
 
     def layer_keys(self, index: int) -> list[str]:
         """The canonical keys that a transform of layer `index` reads or writes."""
@@ -458,11 +464,12 @@ def canonical_view(state: Mapping[str, torch.Tensor], stored: tuple[tuple[str, S
         return state
     out = dict(state)
     for key, where in stored:
-        tensor = state[where.key]
-        tensor = tensor.t() if where.transposed and tensor.dim() == 2 else tensor
-        out[key] = tensor[where.start:where.stop]
+        if where.key in state:            # a partial state (one layer's tensors) has only some stored tensors
+            tensor = state[where.key]
+            tensor = tensor.t() if where.transposed and tensor.dim() == 2 else tensor
+            out[key] = tensor[where.start:where.stop]
     for key in {where.key for _, where in stored} - {key for key, _ in stored}:
-        del out[key]
+        out.pop(key, None)
     return out
 
 
