@@ -4,12 +4,17 @@ RoPE pairs dims (i, i + rotary_dim/2) of each q/k head (Hugging Face's rotate_ha
 per such plane commutes with every position, so these tests also show that a full orthogonal q/k map, a
 reflection inside a plane and a rotation of the wrong pairing each change the logits.
 """
+import lap
+import numpy as np
 import pytest
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.matching import match_models
+from symfusion.fusion.ot import merge_wts
+from symfusion.matching import match_models, permutation
+from symfusion.matching.multi import match_group
 from symfusion.measures import distance, model_outputs, probe_inputs
 from symfusion.symmetry import (
     LayerTransform,
@@ -21,6 +26,8 @@ from symfusion.symmetry import (
     random_transform,
 )
 from tiny_decoders import DECODER_IDS, DECODERS, tiny_decoder
+
+lapjv = lap.lapjv
 
 
 def logits_change(model, state, dtype=None) -> float:
@@ -224,3 +231,27 @@ def test_qwen3_qk_norm_refuses_rotation_and_offers_exact_matching():
         matched = apply_transform(other, layout, match_models(other, anchor, layout, name).transform)
         assert distance(matched, anchor)["total"] < distance(other, anchor)["total"]
         assert logits_change(tiny_decoder("qwen3", seed=1, dtype=torch.float64, num_key_value_heads=2), matched) < 1e-10
+
+
+def test_large_assignments_use_lapjv_and_agree_with_scipy(monkeypatch):
+    """From LAPJV_MIN_SIZE on, the FFN assignment goes to lap's solver; it must find scipy's optimum."""
+    rng = np.random.default_rng(0)
+    cross = rng.standard_normal((300, 300)).astype(np.float32)
+    assert np.unique(cross.argmax(1)).size < 300                         # the greedy shortcut does not apply
+    scipy_value = cross[linear_sum_assignment(cross, maximize=True)].sum(dtype=np.float64)
+    calls = []
+    monkeypatch.setattr(permutation, "LAPJV_MIN_SIZE", 256)
+    monkeypatch.setattr(permutation.lap, "lapjv", lambda *a, **k: calls.append(1) or lapjv(*a, **k))
+    perm = permutation.max_assignment(cross).numpy()
+    assert calls == [1]
+    assert sorted(perm) == list(range(300))
+    assert cross[np.arange(300), perm].sum(dtype=np.float64) == pytest.approx(scipy_value, rel=1e-12)
+
+
+def test_encoder_only_code_refuses_decoders_with_one_line():
+    model, state, layout = model_and_layout("llama", num_key_value_heads=2)
+    with pytest.raises(SymfusionError, match="barycentric group matching supports the encoder families.*not llama"):
+        match_group([state, state, state], layout, "rotation", method="barycenter")
+    assert len(match_group([state, state], layout, "rotation", method="anchor").transforms) == 2
+    with pytest.raises(SymfusionError, match="OT fusion supports the encoder families"):
+        merge_wts([model, model])

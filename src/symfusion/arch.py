@@ -124,6 +124,20 @@ class ModelLayout:
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
 
+    @property
+    def has_decoder_parts(self) -> bool:
+        """Whether the layout uses what only decoders have: KV groups, RoPE, gates, head matching, Conv1D views."""
+        return bool(self.num_kv_heads or self.rotary_dim or self.match_heads or self.stored
+                    or any(layer.ffn.gate for layer in self.layers))
+
+    def require_encoder(self, what: str) -> None:
+        """Raise for a decoder layout in code written for the paper's encoder layouts only."""
+        if self.has_decoder_parts:
+            raise SymfusionError(
+                f"{what} supports the encoder families (bert, roberta, deberta-v2, vit), not {self.family}; "
+                "align decoders pairwise with symfusion.align() or symfusion-match"
+            )
+
     def canonical(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """The state with every layer map as an (out, in) tensor under its layout key (views; `state` itself when
         the family stores them so)."""

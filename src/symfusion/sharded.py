@@ -127,9 +127,22 @@ class ShardWriter:
             raise SymfusionError(f"{self.path.name}: {len(self.pending)} tensors were never written, e.g. {sorted(self.pending)[0]!r}")
 
 
+def _has_submodule(module: torch.nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
+
+
 def _block_module(skeleton: torch.nn.Module, layer_prefix: str, weights: Mapping[str, torch.Tensor]) -> torch.nn.Module:
     """A real float32 copy of the skeleton's layer module holding `weights` (keys under layer_prefix)."""
-    block = copy.deepcopy(skeleton.get_submodule(layer_prefix.rstrip("."))).to_empty(device="cpu").float()
+    path = layer_prefix.rstrip(".").split(".")
+    # the folder's keys may carry a prefix that the skeleton lacks (a task model's body built as a bare model)
+    found = next((".".join(path[i:]) for i in range(len(path)) if _has_submodule(skeleton, ".".join(path[i:]))), None)
+    if found is None:
+        raise SymfusionError(f"cannot find the module of {layer_prefix!r} in {type(skeleton).__name__}")
+    block = copy.deepcopy(skeleton.get_submodule(found)).to_empty(device="cpu").float()
     local = {k[len(layer_prefix):]: v.float() for k, v in weights.items() if k.startswith(layer_prefix)}
     missing, _ = block.load_state_dict(local, strict=False)
     params = [m for m in missing if m in dict(block.named_parameters())]
@@ -230,9 +243,13 @@ def match_folders(
         done.update(keys)
         transform.layers.update(result.transform.layers)
     for shard, keys in src.shards().items():                     # everything else is copied as it is
-        rest = [k for k in keys if k not in done]
-        for key in rest:
-            writers[shard].write(key, src.read([key])[key])
+        for key in (k for k in keys if k not in done):
+            tensor = src.read([key])[key]
+            writers[shard].write(key, tensor)
+            if tensor.is_floating_point() and key in anc.weight_map:  # counts in both distances alike
+                part = (tensor.double() - anc.read([key])[key].double()).pow(2).sum().item()
+                for side in squared.values():
+                    side["other"] = side.get("other", 0.0) + part
     for writer in writers.values():
         writer.close()
     if src.index_metadata is not None:
@@ -251,8 +268,9 @@ def match_folders(
         "max_block_relative_output_change": max(deviations.values(), default=0.0),
         "tolerance": tolerance, "seconds_by_stage": seconds,
     }
-    size = sum(math.prod(t.shape) * 4 for t in src_meta.values())
-    if whole_model_check if whole_model_check is not None else size <= WHOLE_MODEL_CHECK_BYTES:
+    if whole_model_check is None:
+        whole_model_check = sum(math.prod(t.shape) * 4 for t in src_meta.values()) <= WHOLE_MODEL_CHECK_BYTES
+    if whole_model_check:
         report["relative_output_change"] = whole_model_change(src.path, target)
         if report["relative_output_change"] > tolerance:
             raise SymfusionError(

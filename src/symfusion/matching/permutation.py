@@ -4,17 +4,25 @@ For an FFN with input map (W_i, b_i) and output map W_o, the permutation maximis
 <P, W_i1 W_i2^T + b_i1^T b_i2 + W_o1^T W_o2> is found with scipy's linear_sum_assignment.
 Exact shortcut: when the row-wise argmax of the cross matrix is already a permutation it
 is optimal (the sum of row maxima bounds every assignment), so the solver is skipped.
+From LAPJV_MIN_SIZE neurons on (7B decoders' FFNs: 11008, 14336) the assignment goes to
+lap's Jonker-Volgenant solver, which found the same optimum as scipy's 1.6x faster on
+unrelated 11008-neuron FFNs (34.5 s vs 54.7 s on the shared 2-core machine; 7.5x faster
+on fine-tune-like pairs); smaller problems (the paper's encoders) keep scipy's solver.
 The same solver matches a head's coordinates for the permutation-only baseline.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
+import lap
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
 from symfusion.arch import FFNLayout
+
+
+LAPJV_MIN_SIZE = 4096
 
 
 def weight_f32(state: Mapping, key: str) -> np.ndarray:
@@ -48,6 +56,9 @@ def max_assignment(cross: torch.Tensor | np.ndarray) -> torch.Tensor:
     greedy = cross.argmax(axis=1)
     if np.unique(greedy).size == greedy.size:
         return torch.from_numpy(greedy.astype(np.int64))
+    if cross.shape[0] >= LAPJV_MIN_SIZE and cross.shape[0] == cross.shape[1]:
+        _, cols, _ = lap.lapjv(-cross.astype(np.float64), extend_cost=False)   # minimises: negate
+        return torch.from_numpy(cols.astype(np.int64))
     _, cols = linear_sum_assignment(cross, maximize=True)
     return torch.from_numpy(cols.astype(np.int64))
 
