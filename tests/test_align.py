@@ -11,7 +11,7 @@ from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import match_models
 from symfusion.measures import distance, model_outputs, probe_inputs
-from symfusion.sharded import ShardWriter, ShardedFolder, match_folders
+from symfusion.sharded import ShardWriter, ShardedFolder, data_order, match_folders
 from symfusion.symmetry import apply_transform, random_transform
 from tiny_decoders import tiny_decoder
 
@@ -56,6 +56,8 @@ def test_align_sharded_folders_keeps_layout_and_function(tmp_path, family, overr
     for shard in set(index["weight_map"].values()):
         ours, theirs = load_file(str(out / shard)), load_file(str(s_dir / shard))
         assert list(ours) == list(theirs) and all(ours[k].dtype == theirs[k].dtype for k in ours)
+        assert data_order(out / shard) == data_order(s_dir / shard)                  # same tensor order in the file
+        assert (out / shard).stat().st_size == (s_dir / shard).stat().st_size
     matched = tf.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     inputs = probe_inputs(source.config, seed=5)
     assert torch.allclose(model_outputs(matched, inputs), model_outputs(source, inputs), rtol=0, atol=1e-4)

@@ -42,6 +42,14 @@ NAMES = {name: dtype for dtype, name in DTYPES.items()}
 WHOLE_MODEL_CHECK_BYTES = 2 * 2**30
 
 
+def data_order(path: Path) -> list[str]:
+    """The tensor names of a safetensors file in the order of their data offsets (read from its JSON header)."""
+    with open(path, "rb") as handle:
+        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    header.pop("__metadata__", None)
+    return sorted(header, key=lambda key: header[key]["data_offsets"][0])
+
+
 class ShardedFolder:
     """A save_pretrained folder's weights: key -> shard, memory-mapped handles, reads of chosen keys."""
 
@@ -68,11 +76,11 @@ class ShardedFolder:
         return self._handles[shard]
 
     def shards(self) -> dict[str, list[str]]:
-        """Shard file -> its keys, in the order the shard stores them."""
+        """Shard file -> its keys, in the order of their data in the file (so a rewrite keeps the layout)."""
         out: dict[str, list[str]] = {}
         for shard in dict.fromkeys(self.weight_map.values()):
             keys = set(k for k, s in self.weight_map.items() if s == shard)
-            out[shard] = [k for k in self.handle(shard).keys() if k in keys]
+            out[shard] = [k for k in data_order(self.path / shard) if k in keys]
         return out
 
     def meta_state(self) -> dict[str, torch.Tensor]:
