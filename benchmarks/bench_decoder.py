@@ -1,7 +1,7 @@
 """Benchmark: decoder matching at true 7B layer shapes (per-stage seconds per layer) and peak memory on sharded folders.
 
     python benchmarks/bench_decoder.py solves [--cases llama2-7b llama3-8b] [--pairs finetune unrelated]
-    python benchmarks/bench_decoder.py memory --case llama2-7b --layers 4 --workdir /tmp/bench7b
+    python benchmarks/bench_decoder.py memory --case llama2-7b --layers 4 --workdir /tmp/bench7b [--reuse]
 
 solves: one layer's tensors at full size (Llama-2-7B: hidden 4096, 32 heads, FFN 11008; Llama-3-8B: 8 KV
 heads, FFN 14336), float32. The anchor layer is random (std 0.02); the source is the anchor moved by a
@@ -205,7 +205,10 @@ def memory(args) -> None:
     workdir = Path(args.workdir)
     cal_start = calibration_gemm()
     start = time.perf_counter()
-    source, anchor = write_pair(args.case, args.layers, workdir)
+    if args.reuse and (workdir / "source" / INDEX).is_file() and (workdir / "anchor" / INDEX).is_file():
+        source, anchor = workdir / "source", workdir / "anchor"          # written by an earlier run
+    else:
+        source, anchor = write_pair(args.case, args.layers, workdir)
     written = time.perf_counter() - start
     output = workdir / "matched"
     code = ("import json, sys, symfusion; _, r = symfusion.align(sys.argv[1], sys.argv[2], matching=sys.argv[4], "
@@ -253,6 +256,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--matching", default="rotation")
     p.add_argument("--workdir", required=True)
+    p.add_argument("--reuse", action="store_true", help="reuse the folders an earlier run wrote in --workdir")
     args = parser.parse_args()
     solves(args) if args.command == "solves" else memory(args)
 

@@ -151,7 +151,7 @@ def _block_module(skeleton: torch.nn.Module, layer_prefix: str, weights: Mapping
     if found is None:
         raise SymfusionError(f"cannot find the module of {layer_prefix!r} in {type(skeleton).__name__}")
     block = copy.deepcopy(skeleton.get_submodule(found)).to_empty(device="cpu").float()
-    local = {k[len(layer_prefix):]: v.float() for k, v in weights.items() if k.startswith(layer_prefix)}
+    local = {k[len(layer_prefix):]: v for k, v in weights.items() if k.startswith(layer_prefix)}   # cast on copy
     missing, _ = block.load_state_dict(local, strict=False)
     params = [m for m in missing if m in dict(block.named_parameters())]
     if params:
@@ -237,8 +237,10 @@ def match_folders(
             seconds[stage] = seconds.get(stage, 0.0) + value
         moved = apply_transform(s_layer, layout, result.transform)
         stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}          # what the matched folder holds
+        del moved
         _accumulate(squared["before"], s_layer, a_layer, layout)
-        _accumulate(squared["after"], {k: v.float() for k, v in stored.items()}, a_layer, layout)
+        _accumulate(squared["after"], stored, a_layer, layout)
+        del a_layer                                                          # memory: one layer's tensors at a time
         deviations[i] = checker.deviation(prefix, s_layer, stored)
         if deviations[i] > tolerance:
             _abort(writers)
@@ -292,7 +294,8 @@ def _accumulate(squared: dict, state: Mapping, anchor: Mapping, layout: ModelLay
     """Add the squared distances of one layer's canonical tensors, by module type."""
     state, anchor = layout.canonical(state), layout.canonical(anchor)
     for key, tensor in anchor.items():
-        part = (state[key].double() - tensor.double()).pow(2).sum().item()
+        diff = state[key].float() - tensor.float()                # one float32 temporary, summed in float64
+        part = diff.square_().sum(dtype=torch.float64).item()
         squared[layout.module_type(key)] = squared.get(layout.module_type(key), 0.0) + part
 
 
