@@ -30,7 +30,7 @@ from tiny_decoders import DECODER_IDS, DECODERS, tiny_decoder
 lapjv = lap.lapjv
 
 
-def logits_change(model, state, dtype=None) -> float:
+def logits_change(model, state) -> float:
     """max |logits(model) - logits(model with `state`)| / max |logits(model)| on padded probe tokens."""
     copy = type(model)(model.config).to(next(model.parameters()).dtype)
     copy.load_state_dict(state)
