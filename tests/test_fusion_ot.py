@@ -404,10 +404,15 @@ def test_bad_options_raise():
 
 
 def test_unsupported_family_raises():
-    config = tf.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    models = [tf.GPT2Model(config).eval() for _ in range(2)]
+    config = tf.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=24,
+                          word_embed_proj_dim=16)
+    models = [tf.OPTModel(config).eval() for _ in range(2)]
     with pytest.raises(SymfusionError, match="unsupported model_type"):
         merge_wts(models)
+    # GPT-2 is a supported family for matching, but OT fusion stays encoder-only and says so
+    gpt = [tf.GPT2Model(tf.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval() for _ in range(2)]
+    with pytest.raises(SymfusionError, match="OT fusion supports the encoder families"):
+        merge_wts(gpt)
 
 
 def test_unknown_tensor_raises():

@@ -14,7 +14,7 @@ from symfusion.matching import matching_config
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.modelio import load_model
 from symfusion.symmetry import Transform, apply_transform
-from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
+from tiny_models import VARIANT_IDS, VARIANTS, randomize, tiny_model
 
 REQUIRED_FIELDS = {"distance_before", "distance_after", "max_output_change", "seconds", "provenance", "layers"}
 
@@ -68,12 +68,38 @@ def test_mismatched_architectures_are_refused(tmp_path, field, value):
 
 
 def test_unsupported_family_is_refused(tmp_path):
-    config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50)
-    gpt = save(tf.GPT2Model(config), tmp_path / "g")
-    with pytest.raises(SymfusionError, match="unsupported model_type 'gpt2'.*bert, roberta, deberta-v2, vit"):
-        run(gpt, gpt, tmp_path / "o")
+    config = tf.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37, vocab_size=50,
+                          word_embed_proj_dim=32)
+    opt = save(tf.OPTModel(config), tmp_path / "g")
+    with pytest.raises(SymfusionError, match="unsupported model_type 'opt'.*bert, roberta, deberta-v2, vit, llama"):
+        run(opt, opt, tmp_path / "o")
     with pytest.raises(SymfusionError, match="deberta"):
         check_compatible(tf.DebertaConfig(), tf.DebertaConfig())   # DeBERTa v1 has a fused in_proj
+
+
+def test_qk_norm_model_is_refused_for_rotation_with_one_line_naming_the_module(tmp_path):
+    """Qwen3's per-head q_norm breaks the rotation symmetry: refused, and git_rebasin (exact) is offered."""
+    config = tf.Qwen3Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, intermediate_size=37)
+    qwen = save(randomize(tf.Qwen3ForCausalLM(config), 1), tmp_path / "q")
+    other = save(randomize(tf.Qwen3ForCausalLM(config), 2), tmp_path / "q2")
+    with pytest.raises(SymfusionError, match=r"^rotation matching is not exact.*self_attn\.q_norm.*git_rebasin") as error:
+        run(qwen, other, tmp_path / "o")
+    assert "\n" not in str(error.value) and not (tmp_path / "o").exists()
+    report = run(qwen, other, tmp_path / "o", name="git_rebasin")
+    assert report["family"] == "qwen3" and report["max_output_change"] < 1e-4
+
+
+@pytest.mark.parametrize("model_cls,config", [
+    (tf.LlamaForCausalLM, tf.LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=37)),
+    (tf.GPT2LMHeadModel, tf.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4)),
+])
+def test_match_stage_takes_decoders(tmp_path, model_cls, config):
+    source = save(randomize(model_cls(config), 1), tmp_path / "s")
+    anchor = save(randomize(model_cls(config), 2), tmp_path / "a")
+    report = run(source, anchor, tmp_path / "o")
+    assert report["distance_after"] < report["distance_before"] and report["max_output_change"] < 1e-4
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

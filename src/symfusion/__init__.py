@@ -1,3 +1,11 @@
 """symfusion: symmetry-based parameter matching and model fusion for transformers."""
+import importlib
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """symfusion.align (api.align) is imported on first use, so that the command-line stages start fast."""
+    if name == "align":
+        return importlib.import_module("symfusion.api").align
+    raise AttributeError(f"module 'symfusion' has no attribute {name!r}")

@@ -216,7 +216,7 @@ TASK_CHECKS = {
 MATCHING_CHECKS = {
     "matching.attention": choice("none", "rotation", "permutation"), "matching.rescale": flag(),
     "matching.ffn": choice("none", "permutation", "ot"), "matching.joint": flag(optional=True),
-    "matching.multi": choice("anchor", "barycenter", optional=True),
+    "matching.multi": choice("anchor", "barycenter", optional=True), "matching.heads": flag(optional=True),
 }
 CHECKS = {
     "data": {"output": PATH, **TASK_CHECKS},

@@ -14,6 +14,8 @@ from symfusion.arch import ModelLayout, family_spec
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layout: ModelLayout | None = None) -> dict:
     """Euclidean distance over all shared floating-point tensors of equal shape (task heads of different
     label counts are left out), plus one entry per module type."""
+    if layout is not None:                     # GPT-2: module types are known on the (out, in) views
+        a, b = layout.canonical(a), layout.canonical(b)
     squared: dict[str, float] = defaultdict(float)
     for key, tensor in a.items():
         if key not in b or not tensor.is_floating_point() or b[key].shape != tensor.shape:

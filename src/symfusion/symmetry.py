@@ -9,6 +9,14 @@ for head h with an orthogonal R (d x d) and a scale a != 0 (paper eq. 4, 5 and 1
 and for the FFN with a permutation given as an index vector perm (new neuron j = old perm[j])
     W_i -> W_i[perm], b_i -> b_i[perm], W_o -> W_o[:, perm]      (b_o unchanged)
 Each of these leaves the model's function unchanged.
+
+Decoders (arch.py): with grouped-query attention R_qk, a_qk, R_vo, a_vo are per KV head j and
+act on the rows of all `group` query heads j*group .. j*group + group - 1 (query side, output
+columns) as well as on KV head j (key, value). Under RoPE, R_qk must be one 2x2 rotation per
+frequency plane (i, i + rotary_dim/2) on the rotary dims (random_qk_rotation), since only
+those commute with every position's rotation; the remaining dims take any orthogonal matrix.
+A head permutation (head_perm, new query head h = old query head head_perm[h]) must move
+whole KV groups: it is applied first, and the rotations then act on the permuted heads.
 """
 from __future__ import annotations
 
@@ -27,14 +35,18 @@ from symfusion.errors import SymfusionError
 class LayerTransform:
     """One layer's symmetry element; None means identity for that part."""
 
-    r_qk: torch.Tensor | None = None      # (heads, d, d) orthogonal
-    a_qk: torch.Tensor | None = None      # (heads,) nonzero
-    r_vo: torch.Tensor | None = None      # (heads, d, d) orthogonal
-    a_vo: torch.Tensor | None = None      # (heads,) nonzero
+    r_qk: torch.Tensor | None = None      # (kv_heads, d, d) orthogonal (kv_heads = heads without GQA)
+    a_qk: torch.Tensor | None = None      # (kv_heads,) nonzero
+    r_vo: torch.Tensor | None = None      # (kv_heads, d, d) orthogonal
+    a_vo: torch.Tensor | None = None      # (kv_heads,) nonzero
     ffn_perm: torch.Tensor | None = None  # (ffn,) long, a permutation
+    head_perm: torch.Tensor | None = None  # (heads,) long: new query head h = old head_perm[h], whole KV groups
 
     def is_identity(self) -> bool:
-        return all(v is None for v in (self.r_qk, self.a_qk, self.r_vo, self.a_vo, self.ffn_perm))
+        return all(getattr(self, name) is None for name in PARTS)
+
+
+PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm", "head_perm")
 
 
 @dataclass
@@ -50,7 +62,7 @@ class Transform:
     def save(self, path: str | Path) -> None:
         tensors = {}
         for i, layer in self.layers.items():
-            for name in ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm"):
+            for name in PARTS:
                 value = getattr(layer, name)
                 if value is not None:
                     tensors[f"layer.{i}.{name}"] = value.contiguous()
@@ -118,26 +130,64 @@ def _move_projection(out: dict, proj: Projection, r: torch.Tensor | None, a: tor
         out[key] = tensor
 
 
+def per_query_head(x: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """A per-KV-head tensor (kv_heads, ...) repeated for the `group` query heads of each KV head (heads, ...)."""
+    return x if x is None or group == 1 else x.repeat_interleave(group, dim=0)
+
+
+def kv_permutation(head_perm: torch.Tensor, group: int) -> torch.Tensor:
+    """The KV-head permutation that a query-head permutation induces; raises if it splits a KV group."""
+    blocks = head_perm.reshape(-1, group)                     # (kv_heads, group): new group j's old heads
+    kv = blocks[:, 0] // group
+    if not torch.equal(blocks // group, kv[:, None].expand_as(blocks)):
+        raise SymfusionError("a head permutation must move the query heads of one KV group together")
+    return kv
+
+
+def permute_head_rows(tensor: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Blocks of rows (or bias entries) by head: new head h = old head perm[h]. tensor (H*d, ...) or (H*d,)."""
+    blocks = tensor.reshape(perm.shape[0], -1, *tensor.shape[1:])    # (H, d, ...)
+    return blocks[perm].reshape(tensor.shape)
+
+
+def permute_head_columns(weight: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Blocks of columns by head: new head h = old head perm[h]. weight (n, H*d)."""
+    blocks = weight.reshape(weight.shape[0], perm.shape[0], -1)      # (n, H, d)
+    return blocks[:, perm].reshape(weight.shape)
+
+
+def permute_heads(out: dict, att: AttentionLayout, head_perm: torch.Tensor) -> None:
+    """In `out`, move whole heads: query-like rows and output columns by head_perm, key/value rows by its KV groups."""
+    kv = kv_permutation(head_perm, att.group)
+    for proj, perm in [(p, head_perm) for p in att.query_like] + [(p, kv) for p in att.key_like + (att.value,)]:
+        for key in proj.keys():
+            out[key] = permute_head_rows(out[key], perm)
+    out[att.output.weight] = permute_head_columns(out[att.output.weight], head_perm)
+
+
 def _apply_attention(out: dict, att: AttentionLayout, t: LayerTransform) -> None:
+    if t.head_perm is not None:
+        permute_heads(out, att, t.head_perm)
     inv_qk = None if t.a_qk is None else 1.0 / t.a_qk
     inv_vo = None if t.a_vo is None else 1.0 / t.a_vo
     for proj in att.query_like:
-        _move_projection(out, proj, t.r_qk, t.a_qk)
+        _move_projection(out, proj, per_query_head(t.r_qk, att.group), per_query_head(t.a_qk, att.group))
     for proj in att.key_like:
         _move_projection(out, proj, t.r_qk, inv_qk)
     _move_projection(out, att.value, t.r_vo, t.a_vo)
     weight = out[att.output.weight]
     if t.r_vo is not None:
-        weight = rotate_columns(weight, t.r_vo)
+        weight = rotate_columns(weight, per_query_head(t.r_vo, att.group))
     if inv_vo is not None:
-        weight = scale_columns(weight, inv_vo)
+        weight = scale_columns(weight, per_query_head(inv_vo, att.group))
     out[att.output.weight] = weight
 
 
 def _apply_ffn(out: dict, ffn: FFNLayout, perm: torch.Tensor) -> None:
-    out[ffn.input.weight] = out[ffn.input.weight][perm]
-    if ffn.input.bias is not None:
-        out[ffn.input.bias] = out[ffn.input.bias][perm]
+    for proj in (ffn.input, ffn.gate) if ffn.gate is not None else (ffn.input,):
+        out[proj.weight] = out[proj.weight][perm]
+        if proj.bias is not None:
+            out[proj.bias] = out[proj.bias][perm]
     out[ffn.output.weight] = out[ffn.output.weight].index_select(1, perm)
 
 
@@ -145,7 +195,7 @@ def apply_transform(
     state: Mapping[str, torch.Tensor], layout: ModelLayout, transform: Transform
 ) -> dict[str, torch.Tensor]:
     """A new state dict with the transform applied; untouched tensors are shared, not copied."""
-    out = dict(state)
+    out = dict(layout.canonical(state))
     for i, t in transform.layers.items():
         if not 0 <= i < layout.num_layers:
             raise SymfusionError(f"transform names layer {i}, but the model has {layout.num_layers} layers")
@@ -153,7 +203,7 @@ def apply_transform(
         _apply_attention(out, layer.attention, t)
         if t.ffn_perm is not None:
             _apply_ffn(out, layer.ffn, t.ffn_perm)
-    return out
+    return layout.stored_form(out) if layout.stored else out
 
 
 # ---------------------------------------------------------------- random group elements
@@ -166,6 +216,37 @@ def random_orthogonal(heads: int, d: int, generator: torch.Generator, dtype=torc
     return (q * signs[:, None, :]).to(dtype)
 
 
+def plane_rotations(angles: torch.Tensor, rotary_dim: int, d: int) -> torch.Tensor:
+    """Block rotations, one 2x2 rotation by angles[:, i] in each RoPE plane (i, i + rotary_dim/2); identity on
+    the other d - rotary_dim dims. angles (heads, rotary_dim/2) -> (heads, d, d)."""
+    heads, half = angles.shape[0], rotary_dim // 2
+    r = torch.eye(d, dtype=angles.dtype).repeat(heads, 1, 1)
+    i = torch.arange(half)
+    cos, sin = torch.cos(angles), torch.sin(angles)          # (heads, half)
+    r[:, i, i], r[:, i + half, i + half] = cos, cos
+    r[:, i, i + half], r[:, i + half, i] = -sin, sin
+    return r
+
+
+def random_qk_rotation(heads: int, d: int, rotary_dim: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """A random element of the Q/K symmetry under RoPE: SO(2) per plane on the rotary dims, O(d - rotary_dim) on the
+    rest, (heads, d, d). With rotary_dim = 0 this is random_orthogonal."""
+    if rotary_dim == 0:
+        return random_orthogonal(heads, d, generator, dtype)
+    angles = 2 * torch.pi * torch.rand(heads, rotary_dim // 2, generator=generator, dtype=torch.float64)
+    r = plane_rotations(angles, rotary_dim, d)
+    if rotary_dim < d:
+        r[:, rotary_dim:, rotary_dim:] = random_orthogonal(heads, d - rotary_dim, generator)
+    return r.to(dtype)
+
+
+def random_head_permutation(kv_heads: int, group: int, generator: torch.Generator) -> torch.Tensor:
+    """A random query-head permutation moving whole KV groups (and query heads within each group), (heads,)."""
+    kv = torch.randperm(kv_heads, generator=generator)
+    within = torch.stack([torch.randperm(group, generator=generator) for _ in range(kv_heads)])   # (kv_heads, group)
+    return (kv[:, None] * group + within).reshape(-1)
+
+
 def random_transform(
     layout: ModelLayout,
     seed: int = 0,
@@ -173,22 +254,31 @@ def random_transform(
     scales: bool = True,
     permutation: bool = True,
     scale_range: tuple[float, float] = (0.5, 2.0),
+    heads: bool | None = None,
 ) -> Transform:
-    """A random symmetry element of the whole model (for tests, benchmarks and planted problems)."""
+    """A random symmetry element of the whole model (for tests, benchmarks and planted problems).
+
+    heads: also permute whole heads (default: the family's match_heads, on for decoders). Q/K rotations follow the
+    layout's Q/K group: plane rotations under RoPE, none at all with per-head q/k norms.
+    """
     gen = torch.Generator().manual_seed(seed)
-    h, d = layout.num_heads, layout.head_dim
+    kv, d, group = layout.kv_heads, layout.head_dim, layout.num_heads // layout.kv_heads
+    qk_group = layout.layers[0].attention.qk_group if layout.layers else "orthogonal"
+    heads = layout.match_heads if heads is None else heads
     lo, hi = scale_range
 
     def scale() -> torch.Tensor:
-        return (lo + (hi - lo) * torch.rand(h, generator=gen, dtype=torch.float64))
+        return (lo + (hi - lo) * torch.rand(kv, generator=gen, dtype=torch.float64))
 
     layers = {}
     for i in range(layout.num_layers):
         layers[i] = LayerTransform(
-            r_qk=random_orthogonal(h, d, gen) if rotation else None,
-            a_qk=scale() if scales else None,
-            r_vo=random_orthogonal(h, d, gen) if rotation else None,
+            r_qk=random_qk_rotation(kv, d, layout.rotary_dim, gen) if rotation and qk_group != "none" else None,
+            a_qk=scale() if scales and qk_group != "none" else None,
+            r_vo=random_orthogonal(kv, d, gen) if rotation else None,
             a_vo=scale() if scales else None,
             ffn_perm=torch.randperm(layout.ffn_size, generator=gen) if permutation else None,
         )
+        if heads:
+            layers[i].head_perm = random_head_permutation(kv, group, gen)
     return Transform(layers)

@@ -69,6 +69,7 @@ def _setup(models: list) -> tuple[ModelLayout, list[dict]]:
         check_compatible(model.config, anchor.config, f"model {i}", "the anchor (model 0)")
     states = [m.state_dict() for m in models]
     layout = layout_of(anchor.config, states[0])
+    layout.require_encoder("OT fusion")               # its transport maps know no KV groups, gates or RoPE planes
     for i, (model, state) in enumerate(zip(models[1:], states[1:]), start=1):
         check_same_layout(layout_of(model.config, state), layout)
         if set(state) != set(states[0]):

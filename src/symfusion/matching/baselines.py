@@ -4,6 +4,10 @@
   restricted to permutations: each head's QK and VO coordinates and each FFN's neurons are
   permuted by a linear assignment. With the residual stream left in place the layers do not
   couple, so one assignment per block is already the coordinate-descent fixed point.
+  Under RoPE no permutation of a head's rotary q/k dims keeps the logits (it would mix
+  frequency planes or reflect one), so only the non-rotary dims are permuted there; with
+  per-head q/k norms none are. Whole heads (KV groups, query heads within a group) are
+  permuted by matching/heads.py before, as for rotation matching.
 - ot_ffn (Imfeld et al. 2024 style, FFN only): FFN neurons aligned by exact optimal
   transport (POT's EMD, uniform marginals) on squared Euclidean distances between the
   neurons' incoming weights [W_i | b_i]. With equal widths and uniform marginals the EMD
@@ -28,18 +32,34 @@ def head_permutations(cross: torch.Tensor) -> torch.Tensor:
     return torch.stack([permutation_matrix(max_assignment(m.T.contiguous())) for m in cross])
 
 
+def qk_permutations(cross: torch.Tensor, att: AttentionLayout) -> torch.Tensor | None:
+    """Per KV head, the best permutation of the q/k coordinates that keep the logits (none under RoPE's rotary
+    dims or per-head norms), (kv, d, d) float64; None when only the identity is allowed."""
+    if att.qk_group == "orthogonal":
+        return head_permutations(cross)
+    d = cross.shape[-1]
+    if att.qk_group == "none" or att.rotary_dim == d:
+        return None
+    r = torch.eye(d, dtype=torch.float64).repeat(cross.shape[0], 1, 1)
+    r[:, att.rotary_dim:, att.rotary_dim:] = head_permutations(cross[:, att.rotary_dim:, att.rotary_dim:])
+    return r
+
+
 def match_attention_permutation(source: Mapping, anchor: Mapping, att: AttentionLayout, heads: int):
-    """Git Re-Basin for one attention layer: (P_qk, P_vo), each (H, d, d)."""
+    """Git Re-Basin for one attention layer: (P_qk or None, P_vo), each (kv_heads, d, d)."""
     query, key = qk_cross_parts(source, anchor, att, heads)
     value, output = vo_cross_parts(source, anchor, att, heads)
-    return head_permutations(query + key), head_permutations(value + output)
+    return qk_permutations(query + key, att), head_permutations(value + output)
 
 
 def incoming_weights(state: Mapping, ffn: FFNLayout) -> np.ndarray:
-    """Rows [W_i | b_i] per FFN neuron, (ffn, hidden + 1) float64."""
-    weight = state[ffn.input.weight].double()
-    if ffn.input.bias is not None:
-        weight = torch.cat([weight, state[ffn.input.bias].double()[:, None]], dim=1)
+    """Rows [W_i | b_i] (and the gate's [W_g | b_g]) per FFN neuron, (ffn, hidden + 1) float64."""
+    parts = []
+    for proj in (ffn.input, ffn.gate) if ffn.gate is not None else (ffn.input,):
+        parts.append(state[proj.weight].double())
+        if proj.bias is not None:
+            parts.append(state[proj.bias].double()[:, None])
+    weight = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     return weight.numpy()
 
 

@@ -2,6 +2,9 @@
 
 The anchor stays fixed and the source is moved onto it. Embeddings, LayerNorms, the
 residual stream and task heads are never transformed (the symmetries act inside a block).
+Decoder layouts (arch.py) first permute whole heads (matching/heads.py), then solve per KV
+head in the layout's Q/K group: RoPE planes under rotary embeddings; rotation is refused when
+per-head q/k norms make it inexact.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from symfusion.arch import ModelLayout, check_same_layout, resolve_layers
 from symfusion.config import load_group
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
+from symfusion.matching.heads import match_heads
 from symfusion.matching.permutation import match_ffn_permutation
 from symfusion.matching.joint import match_attention_joint
 from symfusion.matching.joint import qk_norms as _source_norms_qk
@@ -25,9 +29,10 @@ from symfusion.matching.rotation import (
     frobenius_inner,
     procrustes,
     qk_cross_parts,
+    qk_procrustes,
     vo_cross_parts,
 )
-from symfusion.symmetry import LayerTransform, Transform
+from symfusion.symmetry import LayerTransform, Transform, permute_heads
 
 ATTENTION_CHOICES = ("none", "rotation", "permutation")
 FFN_CHOICES = ("none", "permutation", "ot")
@@ -39,12 +44,15 @@ class MatchConfig:
 
     joint=True optimises rotation and rescaling together (matching/joint.py) instead of
     rotation first and rescaling after (the paper's order).
+    heads: also permute whole heads (KV groups, query heads within a group) before the
+    within-head solves; None = the family's default (on for decoders, off for the paper's encoders).
     """
 
     attention: str = "rotation"
     rescale: bool = True
     ffn: str = "permutation"
     joint: bool = False
+    heads: bool | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION_CHOICES:
@@ -55,14 +63,23 @@ class MatchConfig:
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
         if self.joint and not (self.attention == "rotation" and self.rescale):
             raise SymfusionError("matching.joint=true needs matching.attention=rotation and matching.rescale=true")
+        if self.heads and self.attention == "none":
+            raise SymfusionError("matching.heads=true needs matching.attention=rotation or permutation")
+
+    def permutes_heads(self, layout: ModelLayout) -> bool:
+        """Whether whole heads are matched for this layout (config.heads, else the family's default)."""
+        heads = layout.match_heads if self.heads is None else self.heads
+        return heads and self.attention != "none"
 
 
     @classmethod
     def from_mapping(cls, matching) -> "MatchConfig":
         """A MatchConfig from a matching config (conf/matching/<name>.yaml or cfg.matching with its overrides);
         keys that are not matching settings (name, multi) are ignored."""
+        heads = matching.get("heads")
         return cls(attention=str(matching.get("attention", "rotation")), rescale=bool(matching.get("rescale", True)),
-                   ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)))
+                   ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)),
+                   heads=None if heads is None else bool(heads))
 
 
 def matching_config(name: str) -> MatchConfig:
@@ -90,25 +107,26 @@ def match_attention_rotation_layers(source, anchor, atts: list, heads, rescale, 
     """
     if not atts:
         return []
+    kv = heads // atts[0].group                                       # per KV head (= heads without GQA)
     with clock("qk"):
         parts = [qk_cross_parts(source, anchor, att, heads) for att in atts]
-        query = torch.cat([q for q, _ in parts])                      # (layers * H, d, d)
-        key = torch.cat([k for _, k in parts])                        # (layers * H, d, d)
-        r_qk = procrustes(query + key)
+        query = torch.cat([q for q, _ in parts])                      # (layers * kv, d, d)
+        key = torch.cat([k for _, k in parts])                        # (layers * kv, d, d)
+        r_qk = qk_procrustes(query + key, atts[0])
     with clock("vo"):
         parts = [vo_cross_parts(source, anchor, att, heads) for att in atts]
-        value = torch.cat([v for v, _ in parts])                      # (layers * H, d, d)
-        output = torch.cat([o for _, o in parts])                     # (layers * H, d, d)
+        value = torch.cat([v for v, _ in parts])                      # (layers * kv, d, d)
+        output = torch.cat([o for _, o in parts])                     # (layers * kv, d, d)
         r_vo = procrustes(value + output)
     # per-layer copies, not views: each layer's tensors are saved on their own (safetensors refuses shared storage)
-    found = [LayerTransform(r_qk=q.clone(), r_vo=v.clone()) for q, v in zip(r_qk.split(heads), r_vo.split(heads))]
+    found = [LayerTransform(r_qk=q.clone(), r_vo=v.clone()) for q, v in zip(r_qk.split(kv), r_vo.split(kv))]
     if rescale:
         with clock("rescale"):
             norm_q, norm_k = (torch.cat(n) for n in zip(*(_source_norms_qk(source, att, heads) for att in atts)))
             a_qk = best_scales(norm_q, frobenius_inner(r_qk, query), norm_k, frobenius_inner(r_qk, key))
             norm_v, norm_o = (torch.cat(n) for n in zip(*(_source_norms_vo(source, att, heads) for att in atts)))
             a_vo = best_scales(norm_v, frobenius_inner(r_vo, value), norm_o, frobenius_inner(r_vo, output))
-        for t, qk, vo in zip(found, a_qk.split(heads), a_vo.split(heads)):
+        for t, qk, vo in zip(found, a_qk.split(kv), a_vo.split(kv)):
             t.a_qk, t.a_vo = qk.clone(), vo.clone()
     return found
 
@@ -135,7 +153,39 @@ def match_attention_layers(
     source, anchor, layout: ModelLayout, indices: list[int], config: MatchConfig, clock, record: dict | None = None
 ) -> dict[int, LayerTransform]:
     """The attention transform of every listed layer; with config.joint the joint solver's info goes to
-    record[index]. Rotation solves all listed layers' heads in one batch."""
+    record[index]. Rotation solves all listed layers' heads in one batch. Whole heads are matched first when
+    config.permutes_heads(layout); the within-head solves then see the source with its heads permuted."""
+    heads = layout.num_heads
+    if config.attention == "rotation":
+        refuse_inexact_rotation(layout)
+    head_perms = {}
+    if config.permutes_heads(layout):
+        with clock("heads"):
+            head_perms = {i: match_heads(source, anchor, layout.layers[i].attention, heads, config.attention)
+                          for i in indices}
+            source = dict(source)
+            for i, perm in head_perms.items():
+                if perm is not None:
+                    permute_heads(source, layout.layers[i].attention, perm)
+    found = _match_within_heads(source, anchor, layout, indices, config, clock, record)
+    for i, perm in head_perms.items():
+        found[i].head_perm = perm
+    return found
+
+
+def refuse_inexact_rotation(layout: ModelLayout) -> None:
+    """Raise when rotating Q/K would change the function (per-head q/k norms), naming the module."""
+    norms = layout.layers[0].attention.qk_norm if layout.layers else ()
+    if norms:
+        raise SymfusionError(
+            f"rotation matching is not exact for this {layout.family} model: {norms[0]} normalises each head's "
+            "queries, and no rotation commutes with it; use matching=git_rebasin (head and V/O permutations) or ffn_only"
+        )
+
+
+def _match_within_heads(source, anchor, layout: ModelLayout, indices: list[int], config: MatchConfig, clock,
+                        record: dict | None) -> dict[int, LayerTransform]:
+    """Per KV head: rotation (joint or sequential) or coordinate permutation, for every listed layer."""
     heads = layout.num_heads
     if config.joint:
         found = {}
@@ -192,6 +242,7 @@ def match_models(
     config = matching_config(config) if isinstance(config, str) else config
     if anchor_layout is not None:
         check_same_layout(layout, anchor_layout)
+    source, anchor = layout.canonical(source), layout.canonical(anchor)   # GPT-2: (out, in) views of Conv1D maps
     clock = StageClock()
     transform, joint = Transform(), {}
     indices = resolve_layers(layout.num_layers, layers, last_layers)

@@ -21,7 +21,7 @@ import torch
 
 from symfusion.arch import AttentionLayout
 from symfusion.matching.rescale import best_scales, squared_norms
-from symfusion.matching.rotation import frobenius_inner, procrustes, qk_cross_parts, vo_cross_parts
+from symfusion.matching.rotation import frobenius_inner, procrustes, qk_cross_parts, qk_procrustes, vo_cross_parts
 from symfusion.symmetry import LayerTransform
 
 MAX_ITER = 50
@@ -29,21 +29,26 @@ REL_TOL = 1e-10
 
 
 def qk_norms(state: Mapping, att: AttentionLayout, heads: int):
-    """Per-head squared norms of the query-like and of the key-like maps (biases included), (H,) each."""
+    """Per-(KV-)head squared norms of the query-like and of the key-like maps (biases included), (kv,) each.
+
+    A KV group's query heads are contiguous rows, so reshaping to (kv, -1) sums over the group."""
+    kv = heads // att.group
+
     def side(projections):
-        parts = [state[p.weight].reshape(heads, -1) for p in projections]
-        parts += [state[p.bias].reshape(heads, -1) for p in projections if p.bias is not None]
+        parts = [state[p.weight].reshape(kv, -1) for p in projections]
+        parts += [state[p.bias].reshape(kv, -1) for p in projections if p.bias is not None]
         return squared_norms(parts)
     return side(att.query_like), side(att.key_like)
 
 
 def vo_norms(state: Mapping, att: AttentionLayout, heads: int):
-    """Per-head squared norms of the value map (weight + bias) and of the output columns, (H,) each."""
-    value = [state[att.value.weight].reshape(heads, -1)]
+    """Per-(KV-)head squared norms of the value map (weight + bias) and of the output columns, (kv,) each."""
+    kv = heads // att.group
+    value = [state[att.value.weight].reshape(kv, -1)]
     if att.value.bias is not None:
-        value.append(state[att.value.bias].reshape(heads, -1))
+        value.append(state[att.value.bias].reshape(kv, -1))
     output = state[att.output.weight]
-    output = output.reshape(output.shape[0], heads, -1).transpose(0, 1)    # (H, n, d)
+    output = output.reshape(output.shape[0], kv, -1).transpose(0, 1)    # (kv, n, group*d)
     return squared_norms(value), squared_norms([output])
 
 
@@ -57,18 +62,19 @@ def head_objective(r, a, norm_up, norm_down, cross_up, cross_down, const) -> tor
     return norm_up * a**2 - 2 * a * inner_up + norm_down / a**2 - 2 * inner_down / a + const
 
 
-def alternate(norm_up, norm_down, cross_up, cross_down, const, max_iter=MAX_ITER, tol=REL_TOL):
+def alternate(norm_up, norm_down, cross_up, cross_down, const, max_iter=MAX_ITER, tol=REL_TOL, solver=procrustes):
     """Alternate Procrustes and quartic steps for all heads at once; returns (r, a, info).
 
     norm_*, const: (H,) float64; cross_*: (H, d, d). Iteration 1 (a = 1, then the quartic) is
-    the sequential method; the best iterate per head is kept, so the result is never worse.
+    the sequential method; the best iterate per head is kept, so the result is never worse. solver: the
+    Procrustes step (rotation.qk_procrustes restricts Q/K to RoPE planes).
     """
     best_r, best_a, best_f, a = None, None, None, None
     history = []                                   # the objective after each iteration, summed over heads
     for step in range(max_iter):
         # a = 1 in the first step, with the sum formed exactly as the sequential method forms it
         combined = cross_up + cross_down if step == 0 else a[:, None, None] * cross_up + cross_down / a[:, None, None]
-        r = procrustes(combined)                                                       # (H, d, d)
+        r = solver(combined)                                                           # (H, d, d)
         a = best_scales(norm_up, frobenius_inner(r, cross_up), norm_down, frobenius_inner(r, cross_down))
         f = head_objective(r, a, norm_up, norm_down, cross_up, cross_down, const)    # (H,)
         if best_f is None:
@@ -91,7 +97,7 @@ def match_qk_joint(source: Mapping, anchor: Mapping, att: AttentionLayout, heads
     cross_q, cross_k = qk_cross_parts(source, anchor, att, heads)
     norm_q, norm_k = qk_norms(source, att, heads)
     const = sum(qk_norms(anchor, att, heads))
-    return alternate(norm_q, norm_k, cross_q, cross_k, const, **kwargs)
+    return alternate(norm_q, norm_k, cross_q, cross_k, const, solver=lambda c: qk_procrustes(c, att), **kwargs)
 
 
 @torch.no_grad()

@@ -264,6 +264,8 @@ def match_group(
     method="barycenter": then alternately every model onto the mean of the others.
     """
     _check_inputs(states, method)
+    if method == "barycenter":        # its group operations (compose, invert) know no head permutations
+        layout.require_encoder("barycentric group matching")
     config = matching_config(config) if isinstance(config, str) else config
     indices = resolve_layers(layout.num_layers, layers, last_layers)
     clock = StageClock()

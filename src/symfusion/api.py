@@ -1,0 +1,113 @@
+"""symfusion.align(): move a source model onto an anchor model from Python, given nn.Modules or model folders.
+
+    matched, report = symfusion.align(source, anchor, matching="rotation")
+
+- Two nn.Modules (transformers models of one supported family): `matched` is a new module (the
+  source is left as it is) that computes the source's function, checked on probe inputs.
+- Two save_pretrained folders: output=DIR is required; the matched folder is written atomically,
+  layer by layer from memory-mapped shards (sharded.match_folders), keeping the source's shard
+  layout and index, so transformers, mergekit or FusionBench read it as a normal folder; each
+  block is checked, and the whole model's logits when it is small. `matched` is the output path.
+The report holds the distances before and after (total and by module type), the functional
+check, seconds per stage and the transform (a symmetry.Transform; folders also get
+transform.safetensors and match.json).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from symfusion.arch import check_compatible, check_finite, check_same_layout, layout_of
+from symfusion.errors import SymfusionError
+from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.measures import distance, model_outputs, probe_inputs
+from symfusion.modelio import write_json
+from symfusion.outputs import folder_marker, safe_output
+from symfusion.provenance import provenance
+from symfusion.sharded import match_folders, tolerance_for
+from symfusion.symmetry import apply_transform
+
+
+# A matched folder (of align() or symfusion-match): it holds a match report.
+MATCHED_FOLDER = folder_marker("match.json", ("distance_after",))
+
+
+def align(source, anchor, matching: MatchConfig | str = "rotation", output: str | Path | None = None,
+          layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3):
+    """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
+
+    source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
+    matching: a matching variant of conf/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
+    git_rebasin, ...) or a MatchConfig. layers / last_layers: match only some layers.
+    """
+    config = matching_config(matching) if isinstance(matching, str) else matching
+    if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
+        return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change)
+    if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
+        return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers, max_relative_output_change)
+    raise SymfusionError(
+        f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and {type(anchor).__name__}"
+    )
+
+
+def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float):
+    check_compatible(source.config, anchor.config)
+    dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
+    # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
+    state = {k: v.float() if v.is_floating_point() and v.dtype in (torch.float16, torch.bfloat16) else v
+             for k, v in source.state_dict().items()}
+    anchor_state = anchor.state_dict()
+    check_finite(state, "source model")
+    check_finite(anchor_state, "anchor model")
+    layout = layout_of(source.config, state)
+    check_same_layout(layout, layout_of(anchor.config, anchor_state))
+    start = time.perf_counter()
+    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers)
+    moved = apply_transform(state, layout, result.transform)
+    seconds = time.perf_counter() - start
+    matched = copy.deepcopy(source)
+    matched.load_state_dict(moved)                    # cast back to the source's dtypes
+    stored = matched.state_dict()
+    inputs = probe_inputs(source.config)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(next(source.parameters()).dtype)
+    before = model_outputs(source, inputs)
+    change = ((model_outputs(matched, inputs) - before).abs().max() / before.abs().max().clamp_min(1e-30)).item()
+    limit = tolerance_for(dtypes, tolerance)
+    if change > limit:
+        raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "
+                             "report this as a bug")
+    before_dist, after_dist = distance(source.state_dict(), anchor_state, layout), distance(stored, anchor_state, layout)
+    report = {
+        "family": layout.family, "matching_config": asdict(config),
+        "layers": sorted(result.transform.layers), "distance_before": before_dist["total"],
+        "distance_after": after_dist["total"], "distance_before_by_module": before_dist,
+        "distance_after_by_module": after_dist, "relative_output_change": change, "tolerance": limit,
+        "seconds": seconds, "seconds_by_stage": result.seconds, "transform": result.transform,
+    }
+    return matched.eval(), report
+
+
+def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, layers, last_layers, tolerance: float):
+    for name, path in (("source", source), ("anchor", anchor)):
+        if not path.is_dir():
+            raise SymfusionError(f"{name}={path}: no such directory")
+    if not output:
+        raise SymfusionError("align() of two folders needs output=DIR (where the matched folder is written)")
+    start = time.perf_counter()
+    # the same rules as symfusion-match: a new folder, or a previous matched folder; never an input
+    with safe_output(output, "symfusion.align", MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
+        with claim.writing() as tmp:
+            transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
+                                              max_relative_output_change=tolerance, tmp=tmp)
+            report.update({"source": str(source), "anchor": str(anchor), "output": str(output),
+                           "matching_config": asdict(config), "seconds": time.perf_counter() - start,
+                           "provenance": provenance(None)})
+            transform.save(tmp / "transform.safetensors")
+            write_json(report, tmp / "match.json")
+    report["transform"] = transform
+    return Path(output), report
