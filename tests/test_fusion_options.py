@@ -45,7 +45,7 @@ def test_every_conf_file_has_a_method():
 @pytest.mark.parametrize("config,message", [
     ({"name": "regmean", "alpha": "high"}, "regmean: option alpha must be a number in [0, 1], got 'high'"),
     ({"name": "regmean", "alpha": {"vit": 0.0, "default": 2.0}}, "regmean: option alpha must be a number in [0, 1], got 2.0"),
-    ({"name": "regmean", "alpha": {"gpt2": 0.5}}, "regmean: option alpha names unknown family 'gpt2'"),
+    ({"name": "regmean", "alpha": {"opt": 0.5}}, "regmean: option alpha names unknown family 'opt'"),
     ({"name": "fisher", "normalise": "param"}, "fusion method 'fisher' has no option normalise; its options are num_examples,"),
     ({"name": "fisher", "num_examples": 0}, "fisher: option num_examples must be an integer >= 1 or null, got 0"),
     ({"name": "fisher", "chunk_size": True}, "fisher: option chunk_size must be an integer >= 1, got True"),

@@ -38,13 +38,14 @@ def sized_task(task: DictConfig, profile=None) -> DictConfig:
     else:
         patches += [(profile.get("vision") or {}).get("task_patch") or {}]
     patches = [p for p in patches if p]
-    return OmegaConf.merge(task, *patches) if patches else task
+    # patches may add keys (a local `dataset` option): merge into a plain copy, not Hydra's struct config
+    return OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(task, resolve=True)), *patches) if patches else task
 
 
 def profile_model(model: DictConfig, profile=None) -> DictConfig:
     """A model config as the profile runs it: its base model from profile.sources when the profile has one."""
     patch = profile_sources(profile or {}).get("models", {}).get(model.get("name"))
-    return OmegaConf.merge(model, patch) if patch else model
+    return OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(model, resolve=True)), patch) if patch else model
 
 
 def make_task(task: DictConfig | str, profile=None) -> Task:

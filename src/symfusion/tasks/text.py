@@ -190,7 +190,8 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     seconds, epoch_seconds = fitted.seconds, fitted.epoch_seconds
     report = {"seed": seed, "epochs": epochs, "kind": kind, "metric": metric, "label_names": names,
               "base_model": str(base_model_dir), "base_model_source": base_model_record,
-              "data_source": splits.info, "schedule": SCHEDULE, "bf16_autocast": amp, "best_epoch": fitted.best_epoch,
+              "data_source": getattr(splits, "info", None), "schedule": SCHEDULE, "bf16_autocast": amp,
+              "best_epoch": fitted.best_epoch,
               "validation_score": fitted.best_score, "history": fitted.history, "seconds": seconds,
               "seconds_per_epoch": seconds / max(1, len(epoch_seconds)), "train_epoch_seconds": epoch_seconds,
               "train_examples_per_second": len(train_set) * len(epoch_seconds) / max(sum(epoch_seconds), 1e-9),

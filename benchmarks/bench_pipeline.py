@@ -1,0 +1,232 @@
+"""What a pipeline run cost, per stage and per rule: CPU and wall seconds, the critical path, and this machine's rate.
+
+    python benchmarks/bench_pipeline.py RUN_DIR [--log SNAKEMAKE_LOG] [--time GNU_TIME_OUTPUT] [--json OUT]
+
+RUN_DIR is results/<profile> of a finished run (its benchmarks/ folder holds Snakemake's per-job
+benchmark files: wall seconds `s` and `cpu_time`, user + system of the job's process tree, sampled by
+Snakemake). --log is the run's Snakemake log (.snakemake/log/*.log of the run's folder; default: the
+newest one beside RUN_DIR's repository): job start/end times and inputs/outputs give the critical path.
+--time is the output of `/usr/bin/time -v snakemake ...`: the run's exact user + system seconds,
+including Snakemake itself. The stages' own timers (train.json, match.json, merged models' merge
+seconds) are summed beside. The calibration rate is the GFLOP/s of one fixed float32 GEMM (2048^3,
+torch, 1 thread) measured now, in this process, so runs on different machines compare as ratios:
+cpu seconds x GFLOP/s = the run's cost in units of this GEMM's work.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+GEMM_N = 2048
+
+
+def calibration_gflops(repeats: int = 5) -> float:
+    """GFLOP/s of a float32 (2048 x 2048) @ (2048 x 2048) product on one thread: the best of `repeats`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(GEMM_N, GEMM_N), torch.randn(GEMM_N, GEMM_N)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * GEMM_N ** 3 / best / 1e9
+
+
+def _timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def rule_of(benchmark: Path, root: Path) -> str:
+    """The rule a benchmark file belongs to, from its place under benchmarks/ (the rule files name them so)."""
+    parts = benchmark.relative_to(root).parts
+    if parts[0] in ("vision", "lang"):          # <track>/<group>/<rule>/... or <track>/<group>/<rule>.tsv
+        return Path(parts[2]).stem
+    return parts[0] if parts[0] != "report" else f"report:{Path(parts[-1]).stem}"
+
+
+def benchmark_rows(run_dir: Path) -> list[dict]:
+    root = run_dir / "benchmarks"
+    rows = []
+    for path in sorted(root.rglob("*.tsv")):
+        with open(path) as handle:
+            records = list(csv.DictReader(handle, delimiter="\t"))
+        for record in records:
+            rows.append({"rule": rule_of(path, root), "job": str(path.relative_to(root)),
+                         "wall": float(record["s"]), "cpu": float(record.get("cpu_time") or 0.0),
+                         "max_rss_mb": float(record.get("max_rss") or 0.0)})
+    return rows
+
+
+# ---------------------------------------------------------------- the Snakemake log: jobs, times, dependencies
+
+STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
+
+
+def parse_log(log: Path) -> dict[int, dict]:
+    """jobid -> {rule, start, end, inputs, outputs} from a Snakemake log."""
+    jobs, stamp, current = {}, None, None
+    for line in log.read_text(errors="replace").splitlines():
+        match = STAMP.match(line.strip())
+        if match:
+            stamp = datetime.strptime(match.group(1), "%a %b %d %H:%M:%S %Y")
+            continue
+        rule = re.match(r"^(?:local)?rule (\w+):$", line.strip())
+        if rule:
+            current = {"rule": rule.group(1), "start": stamp, "inputs": [], "outputs": []}
+            continue
+        if current is not None:
+            field = re.match(r"^\s+(input|output|jobid): (.*)$", line)
+            if field:
+                key, value = field.groups()
+                if key == "jobid":
+                    jobs[int(value)] = current
+                else:
+                    current[key + "s"] = [v.strip() for v in value.split(",")]
+                continue
+            if line.strip() == "" or not line.startswith(" "):
+                current = None
+        done = re.match(r"^Finished jobid: (\d+)", line.strip())
+        if done and int(done.group(1)) in jobs:
+            jobs[int(done.group(1))]["end"] = stamp
+    return {k: v for k, v in jobs.items() if v.get("end") and v.get("start")}
+
+
+def critical_path(jobs: dict[int, dict]) -> tuple[float, list[dict]]:
+    """(seconds, jobs) of the longest chain of dependent jobs by their wall time."""
+    producer = {out: jobid for jobid, job in jobs.items() for out in job["outputs"]}
+    order = sorted(jobs, key=lambda j: jobs[j]["start"])
+    best: dict[int, tuple[float, int | None]] = {}
+    for jobid in order:
+        job = jobs[jobid]
+        wall = (job["end"] - job["start"]).total_seconds()
+        parents = [producer[i] for i in job["inputs"] if i in producer and producer[i] in best]
+        parent = max(parents, key=lambda p: best[p][0], default=None)
+        best[jobid] = (wall + (best[parent][0] if parent is not None else 0.0), parent)
+    if not best:
+        return 0.0, []
+    last = max(best, key=lambda j: best[j][0])
+    chain, node = [], last
+    while node is not None:
+        chain.append({"rule": jobs[node]["rule"], "seconds": (jobs[node]["end"] - jobs[node]["start"]).total_seconds(),
+                      "output": jobs[node]["outputs"][0] if jobs[node]["outputs"] else ""})
+        node = best[node][1]
+    return best[last][0], chain[::-1]
+
+
+# ---------------------------------------------------------------- the stages' own timers and GNU time
+
+def stage_timers(run_dir: Path) -> dict[str, float]:
+    """Seconds the stages report themselves: training, matching, merging (not counting loading or imports)."""
+    totals = defaultdict(float)
+    for path in run_dir.rglob("train.json"):
+        totals["train (train.json seconds)"] += json.loads(path.read_text()).get("seconds") or 0.0
+    for path in run_dir.rglob("match.json"):
+        totals["match (match.json seconds)"] += json.loads(path.read_text()).get("seconds") or 0.0
+    for path in run_dir.rglob("*.json"):
+        if "benchmarks" in path.parts or "logs" in path.parts or path.name in ("train.json", "match.json"):
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("merge_seconds") is not None:
+            totals["merge (merge_seconds)"] += data["merge_seconds"]
+    return dict(totals)
+
+
+def gnu_time(path: Path) -> dict[str, float]:
+    """User, system and wall seconds from /usr/bin/time -v output."""
+    text = path.read_text(errors="replace")
+    found = {}
+    for key, label in (("user", "User time (seconds)"), ("system", "System time (seconds)")):
+        match = re.search(re.escape(label) + r": ([\d.]+)", text)
+        if match:
+            found[key] = float(match.group(1))
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    if wall:
+        parts = [float(p) for p in wall.group(1).split(":")]
+        found["wall"] = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    return found
+
+
+def newest_log(run_dir: Path) -> Path | None:
+    for folder in [run_dir.resolve(), *run_dir.resolve().parents]:
+        logs = sorted((folder / ".snakemake" / "log").glob("*.snakemake.log"))
+        if logs:
+            return logs[-1]
+    return None
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--log", type=Path, help="the run's Snakemake log (default: the newest .snakemake/log)")
+    parser.add_argument("--time", type=Path, help="/usr/bin/time -v output of the run")
+    parser.add_argument("--json", type=Path, help="also write the numbers as JSON here")
+    args = parser.parse_args(argv)
+    rate = calibration_gflops()
+    rows = benchmark_rows(args.run_dir)
+    per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0})
+    for row in rows:
+        per_rule[row["rule"]]["jobs"] += 1
+        per_rule[row["rule"]]["wall"] += row["wall"]
+        per_rule[row["rule"]]["cpu"] += row["cpu"]
+    rule_rows = sorted(({"rule": r, **v, "cpu_per_job": v["cpu"] / v["jobs"]} for r, v in per_rule.items()),
+                       key=lambda r: -r["cpu"])
+    total_cpu = sum(r["cpu"] for r in rule_rows)
+    print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s\n")
+    print(f"per rule ({len(rows)} jobs; cpu = Snakemake's sampled user+system of each job's processes):\n")
+    print(table(rule_rows, ["rule", "jobs", "cpu", "wall", "cpu_per_job"]))
+    print(f"\njobs' CPU seconds: {total_cpu:.0f} (= {total_cpu * rate / 1e3:.1f} TFLOP of the calibration GEMM; "
+          f"{total_cpu * rate / 60 / 150:.1f} min at 150 GFLOP/s)")
+    result = {"calibration_gflops": rate, "rules": rule_rows, "jobs_cpu_seconds": total_cpu}
+    if args.time:
+        measured = gnu_time(args.time)
+        result["gnu_time"] = measured
+        if "user" in measured:
+            cpu = measured["user"] + measured.get("system", 0.0)
+            print(f"whole run (GNU time): user {measured['user']:.0f} s + system {measured.get('system', 0):.0f} s "
+                  f"= {cpu:.0f} CPU s, wall {measured.get('wall', float('nan')):.0f} s; x rate: "
+                  f"{cpu * rate / 1e3:.1f} TFLOP-equivalents")
+    timers = stage_timers(args.run_dir)
+    result["stage_timers"] = timers
+    print("\nstages' own timers (seconds of work, without loading and imports): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in timers.items()))
+    log = args.log or newest_log(args.run_dir)
+    if log is not None and log.is_file():
+        jobs = parse_log(log)
+        length, chain = critical_path(jobs)
+        span = (max(j["end"] for j in jobs.values()) - min(j["start"] for j in jobs.values())).total_seconds() \
+            if jobs else 0.0
+        result.update({"critical_path_seconds": length, "critical_path": chain, "span_seconds": span})
+        print(f"\ncritical path ({log.name}): {length:.0f} s of a {span:.0f} s run; "
+              f"{len(chain)} jobs: " + " -> ".join(f"{c['rule']} {c['seconds']:.0f}s" for c in chain))
+        busiest = statistics.fmean([(j["end"] - j["start"]).total_seconds() for j in jobs.values()]) if jobs else 0
+        print(f"mean job wall time {busiest:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
