@@ -113,3 +113,14 @@ def test_a_non_finite_or_negative_tolerance_is_refused(tmp_path, capsys):
         assert main(run_dirs(tmp_path, [ROW], [ROW]) + ["--tolerance", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: --tolerance") and "\n" not in err
+
+
+def test_within_intervals_a_row_may_move_by_half_its_reference_interval(tmp_path, capsys):
+    reference = dict(ROW, effect="2.0", effect_low="0.5", effect_high="3.5")      # half width 1.5
+    moved = dict(reference, ours_full="53.2", effect="3.2")
+    args = run_dirs(tmp_path, [moved], [reference])
+    assert main(args + ["--tolerance", "0.5"]) == 1
+    assert main(args + ["--tolerance", "0.5", "--within-intervals"]) == 0
+    too_far = dict(reference, ours_full="54.0")
+    assert main(run_dirs(tmp_path, [too_far], [reference]) + ["--within-intervals"]) == 1
+    assert "(|diff| 2 > 1.5)" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """symfusion-compare: check a run's tables and figure data against a reference run, cell by cell.
 
-    symfusion-compare RUN_DIR [--reference REF_DIR] [--figures FIG_DIR] [--tolerance X] [--exact]
+    symfusion-compare RUN_DIR [--reference REF_DIR] [--figures FIG_DIR] [--tolerance X] [--exact | --within-intervals]
 
 RUN_DIR is results/<profile> of a new run. The reference defaults to the committed reference run,
 reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data). It is kept apart from
@@ -70,7 +70,22 @@ def as_number(value: str):
         return None
 
 
-def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: float) -> list[str]:
+INTERVAL_COLUMNS = (("effect_low", "effect_high"), ("low", "high"), ("change_low", "change_high"))
+
+
+def row_tolerance(reference: dict, tolerance: float, within_intervals: bool) -> float:
+    """The tolerance for one row: with within_intervals, at least half the widest 95% interval the reference
+    row reports (an effect, a bar's error bar, a barrier change), so a rerun that moved by less than its
+    own uncertainty agrees."""
+    if not within_intervals:
+        return tolerance
+    widths = [as_number(reference.get(high)) - as_number(reference.get(low)) for low, high in INTERVAL_COLUMNS
+              if as_number(reference.get(low)) is not None and as_number(reference.get(high)) is not None]
+    return max([tolerance] + [w / 2 for w in widths if math.isfinite(w)])
+
+
+def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: float,
+                 within_intervals: bool = False) -> list[str]:
     """Readable differences between two tables with the same layout."""
     problems = []
     if ours and theirs:
@@ -83,21 +98,23 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
         return problems + [f"{name}: {len(ours)} rows, reference has {len(theirs)}"]
     for index, (row, ref) in enumerate(zip(ours, theirs)):
         label = " / ".join(str(v) for v in list(row.values())[:2])
+        allowed = row_tolerance(ref, tolerance, within_intervals)
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
             a, b = row.get(column), ref[column]
             x, y = as_number(a), as_number(b)
             if x is not None and y is not None:
-                if (math.isnan(x) != math.isnan(y)) or (not math.isnan(x) and abs(x - y) > tolerance):
+                if (math.isnan(x) != math.isnan(y)) or (not math.isnan(x) and abs(x - y) > allowed):
                     problems.append(f"{name} row {index} ({label}) {column}: {x:.4g} vs reference {y:.4g} "
-                                    f"(|diff| {abs(x - y):.3g} > {tolerance})")
+                                    f"(|diff| {abs(x - y):.3g} > {allowed:.3g})")
             elif a != b:
                 problems.append(f"{name} row {index} ({label}) {column}: {a!r} vs reference {b!r}")
     return problems
 
 
-def compare_file(name: str, path: Path, reference: Path, tolerance: float) -> tuple[list[str], bool]:
+def compare_file(name: str, path: Path, reference: Path, tolerance: float,
+                 within_intervals: bool = False) -> tuple[list[str], bool]:
     """(problems, compared) for one artefact that at least one side has."""
     if not path.is_file():
         return [f"{name}: missing from the run ({path}); the reference has it"], False
@@ -111,11 +128,11 @@ def compare_file(name: str, path: Path, reference: Path, tolerance: float) -> tu
         theirs = load_table(reference)
     except Malformed as error:
         return [f"{name}: reference {reference} is malformed ({error})"], False
-    return compare_rows(name, ours, theirs, tolerance), True
+    return compare_rows(name, ours, theirs, tolerance, within_intervals), True
 
 
 def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_figures: Path,
-                tolerance: float) -> tuple[list[str], int]:
+                tolerance: float, within_intervals: bool = False) -> tuple[list[str], int]:
     """(problems, number of files compared)."""
     problems, compared = [], 0
     pairs = [(t, run_dir / t, reference / t) for t in TABLES]
@@ -123,7 +140,7 @@ def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_fig
     for name, path, ref in pairs:
         if not path.exists() and not ref.exists():
             continue                         # an artefact neither run has (e.g. a profile without it)
-        found, ok = compare_file(name, path, ref, tolerance)
+        found, ok = compare_file(name, path, ref, tolerance, within_intervals)
         problems += found
         compared += ok
     if compared == 0 and not problems:
@@ -157,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: <reference>/figures)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="absolute tolerance per number")
     parser.add_argument("--exact", action="store_true", help="tolerance 0: for determinism checks")
+    parser.add_argument("--within-intervals", action="store_true",
+                        help="a row's numbers may move by half the reference row's 95%% interval (at least --tolerance)")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         return usage_error(f"{args.run_dir} is not a directory; pass results/<profile> of a finished run")
@@ -171,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     if not reference.is_dir():
         return usage_error(f"reference {reference} is not a directory; pass --reference DIR")
     tolerance = 0.0 if args.exact else args.tolerance
-    problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance)
+    if args.exact and args.within_intervals:
+        return usage_error("give --exact or --within-intervals, not both")
+    problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance,
+                                     args.within_intervals)
     if problems:
         print(f"{len(problems)} difference(s) from the reference (tolerance {tolerance}):")
         print("\n".join(f"  - {p}" for p in problems))
