@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -86,7 +87,13 @@ def load_config(path: str | Path):
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The tokenizer saved in a local model folder; never downloads, never runs remote code."""
+    """The tokenizer saved in a local model folder; never downloads, never runs remote code. Loaded once per
+    folder in a process (a merge evaluates several models with one tokenizer)."""
+    return _tokenizer(os.path.realpath(model_dir))
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(model_dir: str):
     load_config(model_dir)                              # a clear error when the folder is no model folder
     try:
         return transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True,

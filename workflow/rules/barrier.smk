@@ -22,7 +22,7 @@ rule barrier:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} profile={params.profile} anchor={input.anchor} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-barrier task={wildcards.task} profile={params.profile} anchor={input.anchor} "
         "source={input.source} points={params.points} examples={params.examples} output={output} > {log} 2>&1"
 
 
@@ -43,5 +43,5 @@ rule vision_multimodel:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching=rotation "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching=rotation "
         "output={output} > {log} 2>&1"

@@ -13,4 +13,4 @@ rule data:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-data task={wildcards.task} profile={params.profile} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-data task={wildcards.task} profile={params.profile} output={output} > {log} 2>&1"

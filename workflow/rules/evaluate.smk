@@ -21,5 +21,5 @@ rule evaluate_end_model:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-evaluate task={params.task} profile={params.profile} model_dir={input} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-evaluate task={params.task} profile={params.profile} model_dir={input} "
         "'tasks=[{params.tasks}]' output={output} > {log} 2>&1"

@@ -26,7 +26,7 @@ rule lang_merge_pair:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} 'methods=[{params.methods}]' "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} 'methods=[{params.methods}]' "
         "{params.options} profile={params.profile} 'models=[{input.anchor},{input.source}]' "
         "'tasks=[{wildcards.anchor},{wildcards.source}]' 'eval_tasks=[{wildcards.anchor},{wildcards.source}]' "
         "'eval_heads=[{input.anchor},{input.source_head}]' eval_dir={params.eval_dir} > {log} 2>&1"
@@ -56,7 +56,7 @@ rule lang_merge_group:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[{params.methods}]' {params.options} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[{params.methods}]' {params.options} "
         "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' eval_dir={params.eval_dir} "
         "> {log} 2>&1"
 
@@ -82,7 +82,7 @@ rule layer_sweep:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-layers anchor={input.anchor} source={input.source} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-layers anchor={input.anchor} source={input.source} "
         "'tasks=[{params.tasks}]' matching={params.matching} examples={params.examples} profile={params.profile} "
         "output={output} > {log} 2>&1"
 
@@ -107,7 +107,7 @@ rule multimodel:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching={params.matching} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-multimodel 'models=[{params.models}]' matching={params.matching} "
         "matching.multi=barycenter output={output.report} output_models={output.models} > {log} 2>&1"
 
 
@@ -129,5 +129,5 @@ rule multimodel_merge:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[simple]' profile={params.profile} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[simple]' profile={params.profile} "
         "'models=[{params.models}]' eval_dir={params.eval_dir} > {log} 2>&1"

@@ -15,5 +15,5 @@ rule match:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-match source={input.source} anchor={input.anchor} output={output} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-match source={input.source} anchor={input.anchor} output={output} "
         "matching={wildcards.matching} > {log} 2>&1"

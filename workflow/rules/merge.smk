@@ -23,5 +23,5 @@ rule merge_evaluate:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-merge task={wildcards.task} profile={params.profile} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={wildcards.task} profile={params.profile} "
         "'methods=[{params.methods}]' 'models=[{input.anchor},{input.source}]' eval_dir={params.eval_dir} > {log} 2>&1"

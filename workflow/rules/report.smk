@@ -44,7 +44,7 @@ rule table:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
         "output={output.csv} > {log} 2>&1"
 
 
@@ -64,7 +64,7 @@ rule figure:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report artefact={params.artefact} 'inputs=[{params.inputs}]' "
         "output={output.png} > {log} 2>&1"
 
 
@@ -83,4 +83,4 @@ rule report:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-report artefact=report 'inputs=[{params.inputs}]' output={output.md} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report artefact=report 'inputs=[{params.inputs}]' output={output.md} > {log} 2>&1"

@@ -17,10 +17,11 @@ rule train:
     benchmark:
         f"{BENCH}/{{track}}/{{group}}/train/{{name}}.tsv"
     threads: end_model_threads
+    priority: 10        # the end models head every long chain of the DAG: start them first
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} symfusion-train task={params.task} model={params.model} profile={params.profile} "
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-train task={params.task} model={params.model} profile={params.profile} "
         "seed={params.seed} output={output} threads={threads} > {log} 2>&1"

@@ -48,13 +48,25 @@ def _squared_grads_vmap(model, params, buffers, examples, static) -> dict:
     return {n: _defined(g).pow(2).sum(0) for n, g in grads.items()}
 
 
+def _one_example(examples: dict, i: int) -> dict:
+    """Example i as a batch of one, without its padding: a padded position changes no gradient (it is masked
+    and its label ignored), so the trailing pad tokens of a text example are cut off before the pass."""
+    one = {k: v[i:i + 1] for k, v in examples.items()}
+    mask = one.get("attention_mask")
+    if mask is None or mask.dim() != 2 or not bool(mask[0].any()):
+        return one
+    length = int(mask[0].nonzero().max()) + 1                          # last real token
+    sequence = mask.shape[1]
+    return {k: v[:, :length] if v.dim() >= 2 and v.shape[1] == sequence else v for k, v in one.items()}
+
+
 def _squared_grads_loop(model, params, examples, static) -> dict:
     """The same sum, one backward pass per example (for models vmap cannot transform)."""
     for p in params.values():
         p.requires_grad_(True)
     sums = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     for i in range(len(examples["labels"])):
-        loss = model(**{k: v[i:i + 1] for k, v in examples.items()}, **static).loss
+        loss = model(**_one_example(examples, i), **static).loss
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         for name, g in zip(params, grads):
             if g is not None:

@@ -28,7 +28,7 @@ def _splits(source: str, seed: int, limit_json: str, options_json: str) -> dict:
     return load_image_splits(source, seed=seed, limit=json.loads(limit_json), **json.loads(options_json))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate_image_classifier(model: torch.nn.Module, dataset, batch_size: int = 512) -> dict:
     """{"accuracy", "loss" (mean cross-entropy), "n", "per_example": {"correct", "loss"}} of `model` on
     `dataset` (per_example: the bootstrap's record, uncertainty.py); the model is left in eval mode."""

@@ -17,7 +17,7 @@ from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
 from symfusion.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
-                                           text_loader)
+                                           training_loader)
 from symfusion.text_metrics import get_metric
 from symfusion.training import (TRAIN_MARKER, autocast, fit, linear_schedule, loader_options, remove_checkpoint,
                                 use_autocast)
@@ -35,6 +35,10 @@ class TextTask(Task):
 
     kinds = KINDS
     metric = "accuracy"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._encoded: dict[tuple, object] = {}
 
     def splits(self):
         """The task's TextSplits (kind, splits, label_names), cached per process."""
@@ -66,8 +70,11 @@ class TextTask(Task):
         if vocabulary is not None and len(tokenizer) > vocabulary:
             raise SymfusionError(f"the tokenizer of {model_dir} has {len(tokenizer)} tokens, the model's vocabulary "
                                  f"{vocabulary}; evaluate a model with its own tokenizer")
-        chosen = self.examples(split)[: examples or None]
-        return evaluate_text_model(model, tokenizer, chosen, self.kind, int(self.cfg.max_length),
+        key = (split, examples, id(tokenizer), int(self.cfg.max_length))
+        if key not in self._encoded:             # tokenised once per process, whatever model is scored on it
+            chosen = self.examples(split)[: examples or None]
+            self._encoded[key] = encode_examples(chosen, tokenizer, self.kind, int(self.cfg.max_length))
+        return evaluate_text_model(model, tokenizer, self._encoded[key], self.kind, int(self.cfg.max_length),
                                    self.cfg.metric, int(self.cfg.eval_batch_size),
                                    label_names=self.splits().label_names)
 
@@ -169,7 +176,7 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     model = build_text_model(base_model_dir, kind, names).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    loader = text_loader(train_set, batch_size, shuffle=True, generator=generator, **loader_options(device))
+    loader = training_loader(train_set, batch_size, generator, **loader_options(device))    # length-bucketed
     scheduler = linear_schedule(optimizer, epochs * len(loader), warmup_ratio)
     fingerprint = _fingerprint(str(Path(base_model_dir).resolve()), kind, names, seed, epochs, batch_size, lr,
                                weight_decay, warmup_ratio, max_length, metric, splits.splits["train"],

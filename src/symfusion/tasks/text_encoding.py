@@ -1,8 +1,10 @@
 """Text models: tokenise examples into padded batches, score a model with its task metric, swap task heads."""
 from __future__ import annotations
 
+import copy
 import numbers
-from functools import partial
+import os
+from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
@@ -205,7 +207,7 @@ def _tag_names(model, label_names) -> list[str]:
     return [id2label[i] for i in range(len(id2label))]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, max_length: int, metric: str,
                         batch_size: int = 64, label_names: list[str] | None = None) -> dict:
     """The metric's entries plus "loss", "n" and "per_example" (the bootstrap's record, uncertainty.py) of
@@ -248,15 +250,25 @@ def head_keys(model: torch.nn.Module) -> list[str]:
     return family_spec(model.config).head_keys(model.state_dict())
 
 
+@lru_cache(maxsize=4)
+def _donor_head(head_dir: str) -> tuple[str, str, dict, dict]:
+    """(class name, base prefix, head tensors, label fields) of a fine-tuned model folder, read once per process."""
+    donor = load_model(head_dir)
+    state = donor.state_dict()
+    head = {key: state[key].detach().clone() for key in head_keys(donor)}
+    labels = {field: getattr(donor.config, field) for field in ("id2label", "label2id", "problem_type")}
+    return type(donor).__name__, donor.base_model_prefix, head, labels
+
+
 def copy_head(model: torch.nn.Module, head_dir: str | Path) -> list[str]:
     """Replace `model`'s task head (and its id2label / label2id) by the one in head_dir; returns the keys copied."""
-    donor = load_model(head_dir)
-    ours, theirs = type(model).__name__, type(donor).__name__
-    if ours != theirs or donor.base_model_prefix != model.base_model_prefix:
+    theirs, prefix, donor_state, labels = _donor_head(os.path.realpath(head_dir))
+    ours = type(model).__name__
+    if ours != theirs or prefix != model.base_model_prefix:
         raise SymfusionError(f"{head_dir} holds a {theirs}, not a {ours}; take the head from a model of the same task")
-    keys, donor_state, state = head_keys(model), donor.state_dict(), model.state_dict()
-    if sorted(keys) != sorted(head_keys(donor)):
-        raise SymfusionError(f"{head_dir}: head tensors {sorted(head_keys(donor))} differ from {sorted(keys)}")
+    keys, state = head_keys(model), model.state_dict()
+    if sorted(keys) != sorted(donor_state):
+        raise SymfusionError(f"{head_dir}: head tensors {sorted(donor_state)} differ from {sorted(keys)}")
     for key in keys:
         if donor_state[key].shape != state[key].shape:
             raise SymfusionError(f"{head_dir}: head tensor {key} has shape {tuple(donor_state[key].shape)}, "
@@ -264,6 +276,6 @@ def copy_head(model: torch.nn.Module, head_dir: str | Path) -> list[str]:
     with torch.no_grad():
         for key in keys:
             state[key].copy_(donor_state[key])
-    for field in ("id2label", "label2id", "problem_type"):
-        setattr(model.config, field, getattr(donor.config, field))
+    for field, value in labels.items():
+        setattr(model.config, field, copy.deepcopy(value))
     return keys
