@@ -62,12 +62,12 @@ def world(tmp_path_factory):
     """Model folders (BERT pair, ViT pair for digits, broken copies), a report input and a user's folder."""
     root = tmp_path_factory.mktemp("world")
     models = root / "models"
-    anchor = save(tiny_model("bert", seed=1), models / "anchor")
+    save(tiny_model("bert", seed=1), models / "anchor")
     source = save(tiny_model("bert", seed=2), models / "source")
     vit_config = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16,
                               num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
-    vit_a = save(randomize(tf.ViTForImageClassification(vit_config), 0), models / "vit_a")
-    vit_b = save(randomize(tf.ViTForImageClassification(vit_config), 1), models / "vit_b")
+    save(randomize(tf.ViTForImageClassification(vit_config), 0), models / "vit_a")
+    save(randomize(tf.ViTForImageClassification(vit_config), 1), models / "vit_b")
     for how in ("empty", "truncated", "config", "shape", "missing", "pickle", "vocab"):
         corrupt(source, models / f"broken_{how}", how)
     labels5 = tiny_model("bert", seed=3)

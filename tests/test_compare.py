@@ -124,3 +124,15 @@ def test_within_intervals_a_row_may_move_by_half_its_reference_interval(tmp_path
     too_far = dict(reference, ours_full="54.0")
     assert main(run_dirs(tmp_path, [too_far], [reference]) + ["--within-intervals"]) == 1
     assert "(|diff| 2 > 1.5)" in capsys.readouterr().out
+
+
+def test_only_compares_a_slice_and_refuses_unknown_names(tmp_path, capsys):
+    run, figures = full_run(tmp_path, "a")
+    ref, ref_figures = full_run(tmp_path, "b")
+    for name in ("table1.csv", "multimodel.csv"):
+        (run / name).unlink()                                     # the slice never made them
+    args = [str(run), "--reference", str(ref), "--reference-figures", str(ref_figures), "--exact"]
+    assert main(args) == 1
+    assert main(args + ["--only", "table2.csv,fig3_ablation.csv"]) == 0
+    assert "2 file(s) agree" in capsys.readouterr().out
+    assert main(args + ["--only", "table7.csv"]) == 2

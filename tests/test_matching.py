@@ -10,6 +10,10 @@ from symfusion.matching import MatchConfig, match_many, match_models, matching_c
 from symfusion.matching.rescale import best_scales, rescale_objective
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform, random_transform
+from symfusion.config import CONF_DIR, group_names
+from symfusion.matching.compose import StageClock, match_attention_rotation
+from symfusion.matching.permutation import max_assignment
+from symfusion.matching.rotation import polar_factor, polar_factor_svd
 from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
 
 
@@ -133,7 +137,6 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
 
 
 def test_registry_names_match_the_issue_and_each_has_a_config():
-    from symfusion.config import CONF_DIR, group_names
     names = {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
              "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint"}
     assert {p.stem for p in Path(CONF_DIR, "matching").glob("*.yaml")} == set(group_names("matching")) == names
@@ -141,7 +144,6 @@ def test_registry_names_match_the_issue_and_each_has_a_config():
 
 
 def test_polar_factor_matches_svd_and_handles_singular_heads():
-    from symfusion.matching.rotation import polar_factor, polar_factor_svd
     gen = torch.Generator().manual_seed(0)
     m = torch.randn(6, 8, 8, generator=gen, dtype=torch.float64)
     m[1] = torch.outer(torch.randn(8, generator=gen, dtype=torch.float64), torch.randn(8, generator=gen, dtype=torch.float64))
@@ -161,8 +163,6 @@ def test_polar_factor_matches_svd_and_handles_singular_heads():
 def test_layers_batched_equal_layer_by_layer(family, overrides):
     """match_models solves every layer's heads in one batch and the FFN products in numpy; each layer
     must get exactly what the one-layer solvers (one torch product per FFN) give it."""
-    from symfusion.matching.compose import StageClock, match_attention_rotation
-    from symfusion.matching.permutation import max_assignment
 
     def neuron_features(state, ffn):   # per-neuron rows [W_i | b_i | W_o^T], (ffn, 2*hidden + 1)
         return torch.cat([state[ffn.input.weight], state[ffn.input.bias][:, None], state[ffn.output.weight].T], 1)

@@ -15,6 +15,9 @@ from symfusion.measures import distance
 from symfusion.stages.multimodel import run_multimodel
 from symfusion.symmetry import (Transform, apply_transform, random_orthogonal, random_transform,
                                 rotate_bias, rotate_rows)
+from symfusion.matching.multi import pairwise_distances
+from symfusion.report.audit import multimodel_summary
+from symfusion.report.language import multimodel_rows
 from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
 
 PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm")
@@ -251,8 +254,6 @@ def test_run_multimodel_refuses_bad_input(tmp_path):
 
 def test_multimodel_table_has_a_row_group_per_model_and_a_summary_line_each(tmp_path):
     """The table takes the end ViTs' report (no merged evals) beside a language model's report."""
-    from symfusion.report.audit import multimodel_summary
-    from symfusion.report.language import multimodel_rows
 
     vit_dirs = [save(tiny_model("vit", seed=s), tmp_path / f"v{s}") for s in range(2)]
     vit_report = str(tmp_path / "results" / "multimodel" / "digits.json")
@@ -280,7 +281,6 @@ def test_multimodel_cli_writes_the_models_of_matching_multi(tmp_path, multi):
 
     from safetensors.torch import load_file
 
-    from symfusion.matching.multi import pairwise_distances
 
     dirs = [save(tiny_model("vit", seed=s), tmp_path / f"m{s}") for s in range(3)]
     cli = [sys.executable, "-c", "from symfusion.cli import multimodel_main; multimodel_main()",

@@ -18,7 +18,7 @@ from symfusion.data.text import NER_TAGS, load_text_splits
 from symfusion.data.text.hub import EMOTION_LABELS, HUB_TEXT_PRESETS
 from symfusion.errors import SymfusionError
 from symfusion.modelio import load_model
-from symfusion.standins import MANIFEST, MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
+from symfusion.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
 
 datasets = pytest.importorskip("datasets")
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from symfusion.data import text
 from symfusion.data.text import corpora, silver_ner
 from symfusion.data.text import (NER_TAGS, TEXT_SOURCES, assemble_splits, is_valid_bio, load_text_splits, repair_bio)
 from symfusion.errors import SymfusionError
+from symfusion.data.text.hub import EMOTION_LABELS, GOEMOTIONS_NAMES
+from symfusion.data.text.hub import ONTONOTES_TAGS
 
 
 def _groups(splits):
@@ -216,7 +217,6 @@ def test_hub_text_classification_with_domain_filter_and_carved_validation(tmp_pa
 
 
 def test_hub_preset_ontonotes_domain_and_tag_map_on_local_parquet(tmp_path, hf_cache):
-    from symfusion.data.text.hub import ONTONOTES_TAGS
 
     tag = {name: i for i, name in enumerate(ONTONOTES_TAGS)}
     features = datasets.Features({"document_id": datasets.Value("string"), "sentences": [
@@ -243,7 +243,6 @@ def test_hub_preset_ontonotes_domain_and_tag_map_on_local_parquet(tmp_path, hf_c
 
 
 def test_hub_multilabel_and_parallel_lists(tmp_path, hf_cache):
-    from symfusion.data.text.hub import EMOTION_LABELS, GOEMOTIONS_NAMES
 
     go = tmp_path / "go"
     features = datasets.Features({"text": datasets.Value("string"),

@@ -132,11 +132,13 @@ def compare_file(name: str, path: Path, reference: Path, tolerance: float,
 
 
 def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_figures: Path,
-                tolerance: float, within_intervals: bool = False) -> tuple[list[str], int]:
-    """(problems, number of files compared)."""
+                tolerance: float, within_intervals: bool = False, only: list[str] | None = None) -> tuple[list[str], int]:
+    """(problems, number of files compared); `only` limits the comparison to these artefacts (file names)."""
     problems, compared = [], 0
     pairs = [(t, run_dir / t, reference / t) for t in TABLES]
     pairs += [(f, figures_dir / f, reference_figures / f) for f in FIGURE_DATA]
+    if only:
+        pairs = [p for p in pairs if p[0] in only]
     for name, path, ref in pairs:
         if not path.exists() and not ref.exists():
             continue                         # an artefact neither run has (e.g. a profile without it)
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: <reference>/figures)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="absolute tolerance per number")
     parser.add_argument("--exact", action="store_true", help="tolerance 0: for determinism checks")
+    parser.add_argument("--only", help="compare only these artefacts, comma-separated (e.g. table2.csv,fig3_ablation.csv):"
+                        " a run of one slice of a DAG against the whole")
     parser.add_argument("--within-intervals", action="store_true",
                         help="a row's numbers may move by half the reference row's 95%% interval (at least --tolerance)")
     args = parser.parse_args(argv)
@@ -192,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     tolerance = 0.0 if args.exact else args.tolerance
     if args.exact and args.within_intervals:
         return usage_error("give --exact or --within-intervals, not both")
+    only = [name.strip() for name in args.only.split(",")] if args.only else None
+    unknown = sorted(set(only or []) - set(TABLES + FIGURE_DATA))
+    if unknown:
+        return usage_error(f"--only {unknown[0]}: not an artefact; choose from {', '.join(TABLES + FIGURE_DATA)}")
     problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance,
-                                     args.within_intervals)
+                                     args.within_intervals, only)
     if problems:
         print(f"{len(problems)} difference(s) from the reference (tolerance {tolerance}):")
         print("\n".join(f"  - {p}" for p in problems))
