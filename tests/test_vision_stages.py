@@ -1,4 +1,5 @@
 """The vision stages through their Hydra commands: train -> match -> merge -> evaluate -> barrier -> report."""
+import csv
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from symfusion import cli
 from symfusion.config import CONF_DIR
 from symfusion.stages.evaluate import run_evaluate
+from symfusion.report.figures import fig3_ablation
 from symfusion.report.tables import table2_rows
 from symfusion.tasks import make_task
 
@@ -163,20 +165,40 @@ def test_unknown_fusion_method_is_refused(capsys, tmp_path):
     assert "average" in str(error.value)
 
 
-def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
+def merged_evaluation_files(folder, accuracies: dict[str, float]) -> list[str]:
+    """Evaluation JSONs of 'simple' merges of one pair, one per matching, with the given accuracies."""
     paths = []
-    for matching, accuracy in (("none", 0.5), ("rotation_no_rescale", 0.6), ("rotation", 0.62)):
+    for matching, accuracy in accuracies.items():
         correct = [1] * int(1000 * accuracy) + [0] * (1000 - int(1000 * accuracy))
         source = "models/seed1" if matching == "none" else f"matched/seed1-onto-seed0/{matching}"
-        path = tmp_path / f"{matching}.json"
+        path = folder / f"{matching}.json"
         path.write_text(json.dumps({
             "method": "simple", "matching": matching, "metrics": {"accuracy": accuracy},
             "merged_models": ["models/seed0", source],
             "results": [{"task": "digits", "per_example": {"correct": correct, "loss": [0.0] * 1000}}]}))
         paths.append(str(path))
+    return paths
+
+
+def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
+    paths = merged_evaluation_files(tmp_path, {"none": 0.5, "rotation_no_rescale": 0.6, "rotation": 0.62})
     (row,) = table2_rows(paths)
     assert row["ours_none"] == pytest.approx(50.0) and row["ours_full"] == pytest.approx(62.0)
     assert row["paper_none"] == pytest.approx(7.60) and row["paper_full"] == pytest.approx(10.19)
     assert row["effect"] == pytest.approx(12.0) and row["effect_low"] < 12.0 < row["effect_high"]
     assert row["effect_low"] > 0 and row["pairs"] == 1
     assert row["ours_effect"] == "helps" and row["paper_effect"] == "helps" and row["effect_agrees"] == "yes"
+
+
+def test_fig3_data_gives_each_matchings_effect_and_leaves_it_empty_for_the_unmatched_bar(tmp_path):
+    accuracies = {"none": 0.5, "ffn_only": 0.5, "attn_only": 0.55, "rotation_no_rescale": 0.6, "rotation": 0.62}
+    rows = fig3_ablation(merged_evaluation_files(tmp_path, accuracies), tmp_path / "fig3.png")
+    with open(tmp_path / "fig3.csv") as handle:
+        written = list(csv.DictReader(handle))
+    assert [r["variant"] for r in written] == list(accuracies) and len(rows) == 5
+    assert written[0]["effect"] == "" and written[0]["verdict"] == ""
+    by_variant = {r["variant"]: r for r in written}
+    assert float(by_variant["rotation"]["effect"]) == pytest.approx(12.0)
+    assert by_variant["rotation"]["verdict"] == "helps"
+    assert by_variant["ffn_only"]["verdict"] == "no detectable change"
+    assert float(by_variant["ffn_only"]["effect_low"]) <= 0 <= float(by_variant["ffn_only"]["effect_high"])

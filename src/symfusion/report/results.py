@@ -55,8 +55,10 @@ def read_paper_table(name: str) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: str | Path) -> None:
+    """Rows as CSV; the columns are every key in order of first appearance (a row lacking one leaves it empty)."""
+    fieldnames = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames, restval="")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(path, buffer.getvalue())
