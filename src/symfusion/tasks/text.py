@@ -17,7 +17,7 @@ from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
 from symfusion.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
-                                           training_loader)
+                                           text_loader)
 from symfusion.text_metrics import get_metric
 from symfusion.training import (TRAIN_MARKER, autocast, fit, linear_schedule, loader_options, remove_checkpoint,
                                 use_autocast)
@@ -176,7 +176,7 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     model = build_text_model(base_model_dir, kind, names).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    loader = training_loader(train_set, batch_size, generator, **loader_options(device))    # length-bucketed
+    loader = text_loader(train_set, batch_size, shuffle=True, generator=generator, **loader_options(device))
     scheduler = linear_schedule(optimizer, epochs * len(loader), warmup_ratio)
     fingerprint = _fingerprint(str(Path(base_model_dir).resolve()), kind, names, seed, epochs, batch_size, lr,
                                weight_decay, warmup_ratio, max_length, metric, splits.splits["train"],

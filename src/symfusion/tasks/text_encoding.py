@@ -8,7 +8,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from symfusion.arch import family_spec
 from symfusion.data.text import KINDS as TEXT_KINDS
@@ -116,36 +116,6 @@ def text_loader(dataset: TextDataset, batch_size: int, **options) -> DataLoader:
     """A DataLoader over a TextDataset with dynamic padding."""
     collate = partial(collate_text, pad_token_id=dataset.pad_token_id)
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **options)
-
-
-class LengthBuckets(Sampler):
-    """Training batches of similar lengths, in a random order: each epoch a seeded permutation of the examples
-    is cut into chunks of `bucket` batches, each chunk sorted by length and split into batches, and the
-    batches are shuffled; batches pad far less than random ones, and every example is seen once per epoch."""
-
-    def __init__(self, lengths: list[int], batch_size: int, generator: torch.Generator, bucket: int = 50):
-        self.lengths, self.batch_size, self.generator, self.bucket = lengths, batch_size, generator, bucket
-
-    def __len__(self) -> int:
-        return -(-len(self.lengths) // self.batch_size)
-
-    def __iter__(self):
-        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
-        chunk = self.batch_size * self.bucket
-        batches = []
-        for start in range(0, len(order), chunk):
-            part = sorted(order[start:start + chunk], key=lambda i: self.lengths[i])
-            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-        for index in torch.randperm(len(batches), generator=self.generator).tolist():
-            yield batches[index]
-
-
-def training_loader(dataset: TextDataset, batch_size: int, generator: torch.Generator, **options) -> DataLoader:
-    """The fine-tuning loader: length-bucketed shuffled batches (LengthBuckets) with dynamic padding."""
-    lengths = [len(f["input_ids"]) for f in dataset.features]
-    collate = partial(collate_text, pad_token_id=dataset.pad_token_id)
-    return DataLoader(dataset, batch_sampler=LengthBuckets(lengths, batch_size, generator), collate_fn=collate,
-                      **options)
 
 
 def statistic_batches_text(examples: list[dict], tokenizer, kind: str, max_length: int, batch_size: int,
