@@ -127,11 +127,6 @@ def _sentencizer():
     return nlp
 
 
-def split_sentences(texts: list[str]) -> list[list[str]]:
-    """Per text, its sentences (whitespace already collapsed by the caller)."""
-    return [[s.text.strip() for s in doc.sents if s.text.strip()] for doc in _sentencizer().pipe(texts, batch_size=256)]
-
-
 def _word_count(sentence_doc) -> int:
     return sum(1 for token in sentence_doc if not token.is_punct and not token.is_space)
 
