@@ -73,8 +73,10 @@ class TextTask(Task):
         key = (split, examples, id(tokenizer), int(self.cfg.max_length))
         if key not in self._encoded:             # tokenised once per process, whatever model is scored on it
             chosen = self.examples(split)[: examples or None]
-            self._encoded[key] = encode_examples(chosen, tokenizer, self.kind, int(self.cfg.max_length))
-        return evaluate_text_model(model, tokenizer, self._encoded[key], self.kind, int(self.cfg.max_length),
+            # the tokenizer is kept with its encoding: alive, its id cannot be reused by another tokenizer
+            # (load_tokenizer's cache holds only a few)
+            self._encoded[key] = (tokenizer, encode_examples(chosen, tokenizer, self.kind, int(self.cfg.max_length)))
+        return evaluate_text_model(model, tokenizer, self._encoded[key][1], self.kind, int(self.cfg.max_length),
                                    self.cfg.metric, int(self.cfg.eval_batch_size),
                                    label_names=self.splits().label_names)
 
