@@ -4,7 +4,8 @@
 
 RUN_DIR is results/<profile> of a finished run (its benchmarks/ folder holds Snakemake's per-job
 benchmark files: wall seconds `s` and `cpu_time`, user + system of the job's process tree, sampled by
-Snakemake). --log is the run's Snakemake log (.snakemake/log/*.log of the run's folder; default: the
+Snakemake every 30 s; its logs/ folder the jobs' logs, each ending with the command's exact `usage:`
+line, which is preferred). --log is the run's Snakemake log (.snakemake/log/*.log of the run's folder; default: the
 newest one beside RUN_DIR's repository): job start/end times and inputs/outputs give the critical path.
 --time is the output of `/usr/bin/time -v snakemake ...`: the run's exact user + system seconds,
 including Snakemake itself. The stages' own timers (train.json, match.json, merged models' merge
@@ -56,15 +57,37 @@ def rule_of(benchmark: Path, root: Path) -> str:
     return parts[0] if parts[0] != "report" else f"report:{Path(parts[-1]).stem}"
 
 
+USAGE = re.compile(r"^usage: (\S+) user ([\d.]+) s, system ([\d.]+) s")
+
+
+def job_usage(log: Path) -> tuple[float, float] | None:
+    """(user, system) seconds from the last `usage:` line a symfusion command wrote to a job's log, if any."""
+    if not log.is_file():
+        return None
+    found = None
+    for line in log.read_text(errors="replace").splitlines():
+        match = USAGE.match(line)
+        if match:
+            found = (float(match.group(2)), float(match.group(3)))
+    return found
+
+
 def benchmark_rows(run_dir: Path) -> list[dict]:
+    """One row per job: wall seconds from Snakemake's benchmark file; CPU seconds exact from the job's log
+    (its command's `usage:` line, logs/ mirrors benchmarks/) or else Snakemake's sample, which misses up
+    to its 30-second interval of every process."""
     root = run_dir / "benchmarks"
     rows = []
     for path in sorted(root.rglob("*.tsv")):
         with open(path) as handle:
             records = list(csv.DictReader(handle, delimiter="\t"))
+        usage = job_usage(run_dir / "logs" / path.relative_to(root).with_suffix(".log"))
         for record in records:
+            sampled = float(record.get("cpu_time") or 0.0) if record.get("cpu_time") not in (None, "NA") else 0.0
             rows.append({"rule": rule_of(path, root), "job": str(path.relative_to(root)),
-                         "wall": float(record["s"]), "cpu": float(record.get("cpu_time") or 0.0),
+                         "wall": float(record["s"]), "cpu": sum(usage) if usage else sampled,
+                         "user": usage[0] if usage else None, "system": usage[1] if usage else None,
+                         "cpu_exact": usage is not None, "cpu_sampled": sampled,
                          "max_rss_mb": float(record.get("max_rss") or 0.0)})
     return rows
 
@@ -186,17 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rate = calibration_gflops()
     rows = benchmark_rows(args.run_dir)
-    per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0})
+    per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0, "system": 0.0})
     for row in rows:
         per_rule[row["rule"]]["jobs"] += 1
         per_rule[row["rule"]]["wall"] += row["wall"]
         per_rule[row["rule"]]["cpu"] += row["cpu"]
+        per_rule[row["rule"]]["system"] += row["system"] or 0.0
     rule_rows = sorted(({"rule": r, **v, "cpu_per_job": v["cpu"] / v["jobs"]} for r, v in per_rule.items()),
                        key=lambda r: -r["cpu"])
     total_cpu = sum(r["cpu"] for r in rule_rows)
+    exact = sum(row["cpu_exact"] for row in rows)
+    source = ("each job's own usage line (user + system of its command and children)" if exact == len(rows) else
+              f"{exact} jobs' own usage lines, the other {len(rows) - exact} Snakemake's sampled user + system")
     print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s\n")
-    print(f"per rule ({len(rows)} jobs; cpu = Snakemake's sampled user+system of each job's processes):\n")
-    print(table(rule_rows, ["rule", "jobs", "cpu", "wall", "cpu_per_job"]))
+    print(f"per rule ({len(rows)} jobs; cpu from {source}; system = its system part where known):\n")
+    print(table(rule_rows, ["rule", "jobs", "cpu", "system", "wall", "cpu_per_job"]))
     print(f"\njobs' CPU seconds: {total_cpu:.0f} (= {total_cpu * rate / 1e3:.1f} TFLOP of the calibration GEMM; "
           f"{total_cpu * rate / 60 / 150:.1f} min at 150 GFLOP/s)")
     result = {"calibration_gflops": rate, "rules": rule_rows, "jobs_cpu_seconds": total_cpu}

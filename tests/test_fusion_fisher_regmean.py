@@ -319,3 +319,22 @@ def test_bad_options_are_rejected():
         fisher.merge(models, [batch], epsilon=0)
     with pytest.raises(SymfusionError, match="anchor_keys names 'head.weight'"):
         regmean.merge(models, [batch], anchor_keys=["head.weight"])
+
+
+def test_fisher_loop_with_sparse_embedding_rows_equals_the_dense_gradients():
+    model = tiny_model("bert", seed=3)
+    batch = text_batch(size=4)
+    batch["input_ids"][0, 1:3] = batch["input_ids"][0, 4]     # a token repeated inside one example
+    result = fisher.diagonal_fisher(model, [batch], vectorize=False)
+    assert not any(m.sparse for m in model.modules() if isinstance(m, torch.nn.Embedding))   # restored
+    params = dict(model.named_parameters())
+    manual = {n: torch.zeros_like(p) for n, p in params.items()}
+    for i in range(4):
+        length = int(batch["attention_mask"][i].nonzero().max()) + 1
+        one = {k: v[i:i + 1, :length] if v.dim() == 2 else v[i:i + 1] for k, v in batch.items()}
+        loss = model(**one).loss
+        for name, g in zip(params, torch.autograd.grad(loss, list(params.values()))):   # dense gradients
+            manual[name] += g.pow(2) / 4
+    word = "bert.embeddings.word_embeddings.weight"
+    assert (manual[word].abs().sum(dim=1) > 0).sum() < manual[word].shape[0]           # most rows untouched
+    assert all(torch.allclose(result[n], manual[n], atol=1e-7, rtol=1e-5) for n in manual)

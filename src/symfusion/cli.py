@@ -6,11 +6,15 @@ of every one of the pipeline's jobs cheap (transformers' modeling code, POT, spa
 """
 from __future__ import annotations
 
+import os
+import resource
 import sys
+import time
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from symfusion.allocator import keep_freed_memory
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
 from symfusion.errors import SymfusionError
@@ -272,10 +276,29 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     return 0
 
 
+USAGE_VARIABLE = "SYMFUSION_USAGE"     # set (the pipeline's jobs do): each command ends with its usage line
+
+
+def usage_line(name: str, start: float) -> str:
+    """`usage: NAME user U s, system S s, wall W s, peak RSS M MiB` of this process and its finished children
+    (benchmarks/bench_pipeline.py reads it from every job's log: exact CPU seconds, where Snakemake samples)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (f"usage: {name} user {own.ru_utime + children.ru_utime:.2f} s, "
+            f"system {own.ru_stime + children.ru_stime:.2f} s, wall {time.perf_counter() - start:.2f} s, "
+            f"peak RSS {max(own.ru_maxrss, children.ru_maxrss) / 1024:.0f} MiB")
+
+
 def entry(config_name: str, command):
     """A console-script main() for `command` with conf/<config_name>.yaml."""
     def main(argv: list[str] | None = None) -> None:
-        sys.exit(command_line(config_name, command, sys.argv[1:] if argv is None else list(argv)))
+        start = time.perf_counter()
+        keep_freed_memory()        # a stage process reuses freed tensor memory (allocator.py)
+        try:
+            code = command_line(config_name, command, sys.argv[1:] if argv is None else list(argv))
+        finally:
+            if os.environ.get(USAGE_VARIABLE):
+                print(usage_line(f"symfusion-{config_name}", start), file=sys.stderr, flush=True)
+        sys.exit(code)
     main.__doc__ = command.__doc__
     return main
 

@@ -12,6 +12,8 @@ merger does this for every name containing "embedding" or "classifier").
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -45,7 +47,7 @@ def _squared_grads_vmap(model, params, buffers, examples, static) -> dict:
         return functional_call(model, (p, buffers), args=(), kwargs={**inputs, **static}).loss
 
     grads = vmap(grad(example_loss), in_dims=(None, 0))(params, examples)  # name -> (B, *param.shape)
-    return {n: _defined(g).pow(2).sum(0) for n, g in grads.items()}
+    return {n: _squared(g).sum(0) for n, g in grads.items()}
 
 
 def _one_example(examples: dict, i: int) -> dict:
@@ -61,22 +63,38 @@ def _one_example(examples: dict, i: int) -> dict:
 
 
 def _squared_grads_loop(model, params, examples, static) -> dict:
-    """The same sum, one backward pass per example (for models vmap cannot transform)."""
+    """The same sum, one backward pass per example (for models vmap cannot transform).
+
+    Embedding tables give sparse gradients here: one example's gradient of a (vocabulary, hidden) table is
+    zero outside the rows of its own tokens, so only those rows are summed (duplicates first) and squared.
+    """
     for p in params.values():
         p.requires_grad_(True)
     sums = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    for i in range(len(examples["labels"])):
-        loss = model(**_one_example(examples, i), **static).loss
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        for name, g in zip(params, grads):
-            if g is not None:
-                sums[name] += _defined(g).pow(2)
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and not m.sparse]
+    try:
+        for module in embeddings:
+            module.sparse = True
+        for i in range(len(examples["labels"])):
+            loss = model(**_one_example(examples, i), **static).loss
+            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+            for name, g in zip(params, grads):
+                if g is None:
+                    continue
+                if g.is_sparse:                              # rows of the example's tokens only
+                    g = g.coalesce()                         # (rows, hidden) values, duplicate rows summed
+                    sums[name].index_add_(0, g.indices()[0], _squared(g.values()))
+                else:
+                    sums[name] += _squared(g)
+    finally:
+        for module in embeddings:
+            module.sparse = False
     return sums
 
 
-def _defined(g: torch.Tensor) -> torch.Tensor:
-    """float32 gradient with NaN (an example without any labelled token) set to 0."""
-    return torch.where(g.isnan(), 0.0, g.float())
+def _squared(g: torch.Tensor) -> torch.Tensor:
+    """g^2 in float32, NaN (an example without any labelled token) set to 0, in place on a fresh tensor."""
+    return g.float().square().nan_to_num_(nan=0.0, posinf=math.inf)
 
 
 def diagonal_fisher(model: nn.Module, batches: list[dict], chunk_size: int = 8, vectorize: bool = True) -> dict:

@@ -17,8 +17,8 @@ from symfusion.modelio import compute_device, write_json
 from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
-from symfusion.training import (TRAIN_MARKER, autocast, cosine_schedule, fit, loader_options, remove_checkpoint,
-                                use_autocast)
+from symfusion.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
+                                remove_checkpoint, use_autocast)
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -162,7 +162,7 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
     device = compute_device()
     amp = use_autocast(precision, device)
     model = transformers.ViTForImageClassification(config).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = adamw(model, lr, weight_decay)
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True,
                         **loader_options(device))

@@ -19,8 +19,8 @@ from symfusion.tasks.base import Task, plain
 from symfusion.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
                                            text_loader)
 from symfusion.text_metrics import get_metric
-from symfusion.training import (TRAIN_MARKER, autocast, fit, linear_schedule, loader_options, remove_checkpoint,
-                                use_autocast)
+from symfusion.training import (TRAIN_MARKER, adamw, autocast, fit, linear_schedule, loader_options,
+                                remove_checkpoint, use_autocast)
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -176,7 +176,7 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     device = compute_device()
     amp = use_autocast(precision, device)
     model = build_text_model(base_model_dir, kind, names).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = adamw(model, lr, weight_decay)
     generator = torch.Generator().manual_seed(seed)
     loader = text_loader(train_set, batch_size, shuffle=True, generator=generator, **loader_options(device))
     scheduler = linear_schedule(optimizer, epochs * len(loader), warmup_ratio)

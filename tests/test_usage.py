@@ -1,0 +1,48 @@
+"""Every pipeline job's exact CPU seconds: the commands' usage line, and bench_pipeline reading it."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_pipeline():
+    spec = importlib.util.spec_from_file_location("bench_pipeline", ROOT / "benchmarks" / "bench_pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_report_help(env_extra: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SYMFUSION_USAGE"}
+    env.update(env_extra)
+    code = "import sys; from symfusion.cli import report_main; report_main(['--cfg'])"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_a_command_ends_with_its_usage_line_only_when_asked():
+    quiet = run_report_help({})
+    assert quiet.returncode == 0 and "usage:" not in quiet.stderr
+    loud = run_report_help({"SYMFUSION_USAGE": "1"})
+    assert loud.returncode == 0
+    line = loud.stderr.strip().splitlines()[-1]
+    assert bench_pipeline().USAGE.match(line), line
+    assert line.startswith("usage: symfusion-report user ")
+
+
+def test_bench_pipeline_takes_a_jobs_cpu_from_its_log_and_falls_back_to_the_sample(tmp_path):
+    run = tmp_path / "results" / "mini"
+    for name, usage in (("a", "usage: symfusion-merge user 40.50 s, system 2.25 s, wall 50.00 s, peak RSS 900 MiB"),
+                        ("b", None)):
+        bench = run / "benchmarks" / "vision" / "task" / "merge" / f"{name}.tsv"
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text("s\th:m:s\tmax_rss\tcpu_time\n50.0\t0:00:50\t900\t30.0\n")
+        log = run / "logs" / "vision" / "task" / "merge" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("some output\n" + (usage + "\n" if usage else ""))
+    rows = {Path(r["job"]).stem: r for r in bench_pipeline().benchmark_rows(run)}
+    assert rows["a"]["cpu_exact"] and abs(rows["a"]["cpu"] - 42.75) < 1e-9 and rows["a"]["system"] == 2.25
+    assert not rows["b"]["cpu_exact"] and rows["b"]["cpu"] == 30.0
+    assert {r["rule"] for r in rows.values()} == {"merge"}
