@@ -1,7 +1,7 @@
 """symfusion-compare: agreement within tolerance, readable differences, and exit codes."""
 import csv
 
-from symfusion.report.compare import main
+from symfusion.report.compare import main, row_label
 
 
 def write(path, rows):
@@ -136,3 +136,9 @@ def test_only_compares_a_slice_and_refuses_unknown_names(tmp_path, capsys):
     assert main(args + ["--only", "table2.csv,fig3_ablation.csv"]) == 0
     assert "2 file(s) agree" in capsys.readouterr().out
     assert main(args + ["--only", "table7.csv"]) == 2
+
+
+def test_a_row_is_named_by_its_name_cells_never_by_a_number():
+    assert row_label({"method": "ot_acts", "ours_none": "47.68", "ours_full": "47.58"}) == "ot_acts"
+    assert row_label({"method": "ot_acts", "matching": "rotation", "accuracy": "47.6"}) == "ot_acts / rotation"
+    assert row_label({"seed": "0", "accuracy": "81.6"}) == "0"

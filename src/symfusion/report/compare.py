@@ -84,6 +84,13 @@ def row_tolerance(reference: dict, tolerance: float, within_intervals: bool) -> 
     return max([tolerance] + [w / 2 for w in widths if math.isfinite(w)])
 
 
+def row_label(row: dict) -> str:
+    """A row's name in a message: its first cell, and the second when that is a name too (fig3: `ot_acts /
+    rotation`), never a number (table2: `ot_acts`, not `ot_acts / 47.68`)."""
+    cells = list(row.values())[:2]
+    return " / ".join(str(v) for i, v in enumerate(cells) if i == 0 or as_number(v) is None)
+
+
 def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: float,
                  within_intervals: bool = False) -> list[str]:
     """Readable differences between two tables with the same layout."""
@@ -97,7 +104,7 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
     if len(ours) != len(theirs):
         return problems + [f"{name}: {len(ours)} rows, reference has {len(theirs)}"]
     for index, (row, ref) in enumerate(zip(ours, theirs)):
-        label = " / ".join(str(v) for v in list(row.values())[:2])
+        label = row_label(row)
         allowed = row_tolerance(ref, tolerance, within_intervals)
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
