@@ -10,6 +10,18 @@ import torch
 from symfusion.arch import ModelLayout, family_spec
 
 
+BLOCK = 2**20          # elements per float64 block: 8 MiB, reused by the allocator (a whole embedding table
+                       # in float64 would be fresh pages from the kernel at every call)
+
+
+@torch.no_grad()
+def squared_difference(x: torch.Tensor, y: torch.Tensor) -> float:
+    """|x - y|^2 in float64, summed block by block over the flattened tensors."""
+    x, y = x.reshape(-1), y.reshape(-1)
+    return sum((x[i:i + BLOCK].double() - y[i:i + BLOCK].double()).pow(2).sum().item()
+               for i in range(0, x.numel(), BLOCK))
+
+
 @torch.no_grad()
 def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layout: ModelLayout | None = None) -> dict:
     """Euclidean distance over all shared floating-point tensors of equal shape (task heads of different
@@ -20,7 +32,7 @@ def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layou
     for key, tensor in a.items():
         if key not in b or not tensor.is_floating_point() or b[key].shape != tensor.shape:
             continue
-        part = (tensor.double() - b[key].double()).pow(2).sum().item()
+        part = squared_difference(tensor, b[key])
         squared["total"] += part
         if layout is not None:
             squared[layout.module_type(key)] += part
