@@ -83,7 +83,7 @@ def benchmark_rows(run_dir: Path) -> list[dict]:
             records = list(csv.DictReader(handle, delimiter="\t"))
         usage = job_usage(run_dir / "logs" / path.relative_to(root).with_suffix(".log"))
         for record in records:
-            sampled = float(record.get("cpu_time") or 0.0) if record.get("cpu_time") not in (None, "NA") else 0.0
+            sampled = float(record["cpu_time"]) if record.get("cpu_time") not in (None, "", "NA") else 0.0
             rows.append({"rule": rule_of(path, root), "job": str(path.relative_to(root)),
                          "wall": float(record["s"]), "cpu": sum(usage) if usage else sampled,
                          "user": usage[0] if usage else None, "system": usage[1] if usage else None,

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from symfusion import cli
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Two 16 MB blocks allocated and freed 20 times: glibc's defaults trim the freed heap top each time, so
@@ -33,7 +35,7 @@ def page_faults(mode: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's (elsewhere a no-op)")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's; elsewhere keep_freed_memory is a documented no-op")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     _, default_faults = page_faults("default")
     tuned, tuned_faults = page_faults("tuned")
@@ -43,8 +45,6 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 
 
 def test_every_stage_entry_point_sets_the_allocator(monkeypatch):
-    from symfusion import cli
-
     calls = []
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1))
     with pytest.raises(SystemExit):

@@ -14,12 +14,17 @@ BLOCK = 2**20          # elements per float64 block: 8 MiB, reused by the alloca
                        # in float64 would be fresh pages from the kernel at every call)
 
 
+def float64_blocks(*tensors: torch.Tensor):
+    """The flattened tensors (of one size) side by side, BLOCK elements at a time, in float64."""
+    flat = [t.reshape(-1) for t in tensors]
+    for start in range(0, flat[0].numel(), BLOCK):
+        yield [f[start:start + BLOCK].double() for f in flat]
+
+
 @torch.no_grad()
 def squared_difference(x: torch.Tensor, y: torch.Tensor) -> float:
     """|x - y|^2 in float64, summed block by block over the flattened tensors."""
-    x, y = x.reshape(-1), y.reshape(-1)
-    return sum((x[i:i + BLOCK].double() - y[i:i + BLOCK].double()).pow(2).sum().item()
-               for i in range(0, x.numel(), BLOCK))
+    return sum((a - b).pow(2).sum().item() for a, b in float64_blocks(x, y))
 
 
 @torch.no_grad()

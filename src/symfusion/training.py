@@ -137,13 +137,13 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
     tensors = load_file(str(path / "state.safetensors"))
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     params = dict(model.named_parameters())
+    # a fused kernel reads the step count on the parameter's device; the loop keeps it on the CPU
+    on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
     for key, value in tensors.items():
         if key.startswith("optim."):
             name, slot = key[6:].rsplit(".", 1)
             param = params[name]
-            fused = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
-            # a fused kernel reads the step count on the parameter's device; the loop keeps it on the CPU
-            optimizer.state[param][slot] = value.to(param.device) if fused or slot != "step" else value
+            optimizer.state[param][slot] = value.to(param.device) if on_device or slot != "step" else value
     torch.set_rng_state(tensors["rng.torch"])
     generator.set_state(tensors["rng.generator"])
     best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}

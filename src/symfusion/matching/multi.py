@@ -26,7 +26,7 @@ import torch
 from symfusion.arch import ModelLayout, resolve_layers
 from symfusion.errors import SymfusionError
 from symfusion.matching.compose import MatchConfig, StageClock, match_layer, match_many, matching_config
-from symfusion.measures import BLOCK, distance
+from symfusion.measures import distance, float64_blocks
 from symfusion.symmetry import LayerTransform, Transform, apply_transform
 
 METHODS = ("anchor", "barycenter")
@@ -117,9 +117,8 @@ def pairwise_sq(states: list[Mapping], keys=None) -> float:
     keys = keys if keys is not None else [k for k, v in states[0].items() if v.is_floating_point()]
     total = 0.0
     for key in keys:
-        flat = [s[key].reshape(-1) for s in states]
-        for start in range(0, flat[0].numel(), BLOCK):                   # float64 blocks (measures.BLOCK)
-            stack = torch.stack([f[start:start + BLOCK].double() for f in flat])   # (k, block)
+        for block in float64_blocks(*(s[key] for s in states)):
+            stack = torch.stack(block)                                   # (k, block)
             total += len(states) * (stack - stack.mean(dim=0)).pow(2).sum().item()
     return total
 
