@@ -207,6 +207,8 @@ class FamilySpec:
     qk_norm:          module names (in "layer") of per-head q/k norms, when the checkpoint has them
     conv1d:           the layer maps are Conv1D (weight (in, out)), with Q, K, V fused in modules["qkv"]
     match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
+    padding_free:     the layer maps read token states only, so a padded batch may run them on its real
+                      tokens alone (packing.py); False where a layer map also reads other inputs
     """
 
     name: str
@@ -221,6 +223,7 @@ class FamilySpec:
     qk_norm: tuple[str, ...] = ()
     conv1d: bool = False
     match_heads: bool = False
+    padding_free: bool = True
 
     def residual_axes_of(self, key: str) -> tuple[int, ...]:
         """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
@@ -329,6 +332,7 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
         stream={**_TEXT_STREAM, "encoder.rel_embeddings": "embeddings", "encoder.LayerNorm": "embeddings"},
         config_fields=("relative_attention", "share_att_key", "pos_att_type", "position_buckets",
                        "max_relative_positions"),
+        padding_free=False,       # with share_att_key the Q/K maps also project the relative embeddings
     ),
     FamilySpec(
         name="vit", base_prefix="vit", inputs="pixels",

@@ -14,6 +14,7 @@ from symfusion.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
 from symfusion.modelio import compute_device, load_tokenizer, to_device, write_json
 from symfusion.outputs import safe_output
+from symfusion.packing import padding_free, token_maps
 from symfusion.provenance import provenance
 from symfusion.tasks.base import Task, plain
 from symfusion.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
@@ -184,9 +185,12 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
                                weight_decay, warmup_ratio, max_length, metric, splits.splits["train"],
                                splits.splits["validation"], *(["bf16"] if amp else []))
 
+    maps = token_maps(model)
+
     def batch_loss(batch):
-        with autocast(device, amp):
-            return model(**to_device(batch, device)).loss
+        batch = to_device(batch, device)
+        with autocast(device, amp), padding_free(maps, batch.get("attention_mask")):
+            return model(**batch).loss
 
     def validate(model):
         with autocast(device, amp):
