@@ -11,7 +11,7 @@ PACKAGE = SRC / "symfusion"
 LAYERS = [
     ("base", ["allocator", "errors", "config", "provenance", "text_metrics", "outputs", "uncertainty"]),
     ("library", ["arch", "symmetry", "measures", "interpolation", "matching", "fusion", "modelio", "basemodels",
-                 "training", "data", "revisions", "standins", "sharded", "api"]),
+                 "training", "packing", "data", "revisions", "standins", "sharded", "api"]),
     ("tasks", ["tasks"]),
     ("stages", ["stages", "report"]),
     ("cli", ["cli"]),
