@@ -6,6 +6,8 @@ import torch
 import transformers as tf
 
 from symfusion.packing import padding_free, token_maps
+from symfusion.tasks import text_encoding
+from symfusion.tasks.text_encoding import TextDataset, evaluate_text_model
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_config, tiny_model
 
@@ -109,3 +111,25 @@ def test_a_batch_without_padding_is_left_alone():
     ids, _ = padded_batch()
     with padding_free(token_maps(model), torch.ones_like(ids)):
         assert all(not m._forward_pre_hooks for m in token_maps(model))
+
+
+def test_text_evaluation_scores_as_the_padded_batches(monkeypatch):
+    """evaluate_text_model packs its length-sorted batches: the same predictions and loss as padded."""
+    model = encoder("bert", "sequence").eval()
+    gen = torch.Generator().manual_seed(3)
+    features = []
+    for length in (2, 9, 4, 7, 3, 8, 5):
+        ids = torch.randint(1, 97, (length,), generator=gen).tolist()
+        features.append({"input_ids": ids, "attention_mask": [1] * length, "labels": length % 3})
+    dataset = TextDataset(features, "text_classification", 0)
+    maps = token_maps(model)
+    calls = []
+    handles = [m.register_forward_hook(lambda module, args, out: calls.append(args[0].dim())) for m in maps]
+    packed = evaluate_text_model(model, None, dataset, "text_classification", 16, "macro_f1", batch_size=3)
+    for handle in handles:
+        handle.remove()
+    assert 2 in calls                                  # some batches ran packed: (n, hidden) inputs
+    monkeypatch.setattr(text_encoding, "token_maps", lambda model: [])
+    padded = evaluate_text_model(model, None, dataset, "text_classification", 16, "macro_f1", batch_size=3)
+    assert packed["per_example"] == padded["per_example"]
+    assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-12)

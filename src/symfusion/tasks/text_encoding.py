@@ -14,6 +14,7 @@ from symfusion.arch import family_spec
 from symfusion.data.text import KINDS as TEXT_KINDS
 from symfusion.errors import SymfusionError
 from symfusion.modelio import load_model
+from symfusion.packing import padding_free, token_maps
 from symfusion.text_metrics import get_metric
 
 IGNORE_INDEX = -100        # label of special tokens, padding and non-first sub-tokens (ignored by the loss)
@@ -198,9 +199,12 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
     loss_sum, count, predictions, references = 0.0, 0, [], []
     order = length_order(dataset)
     ordered = TextDataset([dataset.features[i] for i in order], dataset.kind, dataset.pad_token_id)
+    maps = token_maps(model)                   # sorted batches still pad: their linears skip it (packing.py)
     for batch in text_loader(ordered, batch_size, shuffle=False):
         labels = batch.pop("labels")
-        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.cpu()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with padding_free(maps, batch.get("attention_mask")):
+            logits = model(**batch).logits.cpu()
         parts = _batch_loss_and_outputs(logits, labels, kind)
         loss_sum, count = loss_sum + parts[0], count + parts[1]
         predictions += parts[2]
