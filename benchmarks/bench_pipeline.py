@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import statistics
 import time
@@ -41,6 +42,29 @@ def calibration_gflops(repeats: int = 5) -> float:
     finally:
         torch.set_num_threads(threads)
     return 2 * GEMM_N ** 3 / best / 1e9
+
+
+def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (all CPUs, idle and iowait excluded), from
+    /proc/stat's first line; None where there is no /proc/stat."""
+    try:
+        fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def while_measuring(function, busy=busy_cpu_seconds):
+    """(function(), how many CPUs other processes kept busy meanwhile): the machine's busy seconds over the
+    call, less this process's own CPU seconds, per second of wall time (None where it cannot be read).
+    A calibration taken beside other work reads low; this says so."""
+    before, own, start = busy(), time.process_time(), time.perf_counter()
+    result = function()
+    after, own, wall = busy(), time.process_time() - own, time.perf_counter() - start
+    if before is None or after is None or wall <= 0:
+        return result, None
+    return result, max(0.0, (after - before - own) / wall)
 
 
 def _timed(function) -> float:
@@ -207,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time", type=Path, help="/usr/bin/time -v output of the run")
     parser.add_argument("--json", type=Path, help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
-    rate = calibration_gflops()
+    rate, others = while_measuring(calibration_gflops)
     rows = benchmark_rows(args.run_dir)
     per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0, "system": 0.0})
     for row in rows:
@@ -221,12 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     exact = sum(row["cpu_exact"] for row in rows)
     source = ("each job's own usage line (user + system of its command and children)" if exact == len(rows) else
               f"{exact} jobs' own usage lines, the other {len(rows) - exact} Snakemake's sampled user + system")
-    print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s\n")
+    beside = ("" if others is None else f"; other processes kept {others:.2f} CPUs busy meanwhile" +
+              (" (the rate reads low: calibrate on an idle machine)" if others > 0.25 else ""))
+    print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s{beside}\n")
     print(f"per rule ({len(rows)} jobs; cpu from {source}; system = its system part where known):\n")
     print(table(rule_rows, ["rule", "jobs", "cpu", "system", "wall", "cpu_per_job"]))
     print(f"\njobs' CPU seconds: {total_cpu:.0f} (= {total_cpu * rate / 1e3:.1f} TFLOP of the calibration GEMM; "
           f"{total_cpu * rate / 60 / 150:.1f} min at 150 GFLOP/s)")
-    result = {"calibration_gflops": rate, "rules": rule_rows, "jobs_cpu_seconds": total_cpu}
+    result = {"calibration_gflops": rate, "calibration_other_cpus": others, "rules": rule_rows, "jobs_cpu_seconds": total_cpu}
     if args.time:
         measured = gnu_time(args.time)
         result["gnu_time"] = measured

@@ -46,3 +46,18 @@ def test_bench_pipeline_takes_a_jobs_cpu_from_its_log_and_falls_back_to_the_samp
     assert rows["a"]["cpu_exact"] and abs(rows["a"]["cpu"] - 42.75) < 1e-9 and rows["a"]["system"] == 2.25
     assert not rows["b"]["cpu_exact"] and rows["b"]["cpu"] == 30.0
     assert {r["rule"] for r in rows.values()} == {"merge"}
+
+
+def test_the_calibration_says_how_busy_the_machine_was(tmp_path):
+    bench = bench_pipeline()
+    stat = tmp_path / "stat"
+    ticks = bench.os.sysconf("SC_CLK_TCK")
+    stat.write_text(f"cpu  {3 * ticks} 0 {ticks} 500 7 0 0 0 0 0\ncpu0 1 2 3\n")
+    assert bench.busy_cpu_seconds(stat) == 4.0                 # user + system; idle and iowait left out
+    assert bench.busy_cpu_seconds(tmp_path / "missing") is None
+    readings = iter([10.0, 13.0])                              # 3 busy seconds across the machine
+    result, others = bench.while_measuring(lambda: bench.time.sleep(0.2) or "done", busy=lambda: next(readings))
+    assert result == "done"
+    assert 3.0 / 2.0 < others <= 3.0 / 0.2                     # 3 s over >= 0.2 s of wall (own CPU ~0)
+    _, unknown = bench.while_measuring(lambda: None, busy=lambda: None)
+    assert unknown is None
