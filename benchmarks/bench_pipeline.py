@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rule_rows, ["rule", "jobs", "cpu", "system", "wall", "cpu_per_job"]))
     print(f"\njobs' CPU seconds: {total_cpu:.0f} (= {total_cpu * rate / 1e3:.1f} TFLOP of the calibration GEMM; "
           f"{total_cpu * rate / 60 / 150:.1f} min at 150 GFLOP/s)")
-    result = {"calibration_gflops": rate, "calibration_other_cpus": others, "rules": rule_rows, "jobs_cpu_seconds": total_cpu}
+    result = {"calibration_gflops": rate, "calibration_other_cpus": others, "rules": rule_rows,
+              "jobs_cpu_seconds": total_cpu}
     if args.time:
         measured = gnu_time(args.time)
         result["gnu_time"] = measured

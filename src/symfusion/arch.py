@@ -457,6 +457,16 @@ def _find_prefix(state: Mapping[str, torch.Tensor], family: str) -> str:
     return prefixes[0]
 
 
+def layer_module_names(config, state: Mapping[str, torch.Tensor], kinds: tuple[str, ...]) -> list[str]:
+    """Full module names of the maps `kinds` (keys of the family's FamilySpec.modules, e.g. "query", "ffn_in")
+    in every layer, as state-dict prefixes; a kind the family does not name is skipped."""
+    family = family_of(config)
+    names = FAMILIES[family].modules
+    prefix = _find_prefix(state, family)
+    return [prefix + names["layer"].format(i=i) + names[kind]
+            for i in range(config.num_hidden_layers) for kind in kinds if kind in names]
+
+
 def _projection(state: Mapping[str, torch.Tensor], name: str, required: bool = True) -> Projection | None:
     weight, bias = name + ".weight", name + ".bias"
     if weight not in state:

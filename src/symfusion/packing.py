@@ -18,12 +18,11 @@ maps project the relative position embeddings) say so with FamilySpec.padding_fr
 """
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 
 import torch
 
-from symfusion.arch import MODEL_TYPES, family_spec
+from symfusion.arch import MODEL_TYPES, family_spec, layer_module_names
 
 TOKEN_MAPS = ("qkv", "query", "key", "value", "output", "ffn_gate", "ffn_in", "ffn_out")
 
@@ -31,15 +30,11 @@ TOKEN_MAPS = ("qkv", "query", "key", "value", "output", "ffn_gate", "ffn_in", "f
 def token_maps(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The Q/K/V/O and FFN maps of every layer of `model`, or [] when its family cannot run padding-free."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in MODEL_TYPES:
+    if getattr(config, "model_type", None) not in MODEL_TYPES or not family_spec(config).padding_free:
         return []
-    spec = family_spec(config)
-    if not spec.padding_free:
-        return []
-    layer = re.escape(spec.modules["layer"]).replace(re.escape("{i}"), r"\d+")
-    maps = "|".join(re.escape(spec.modules[k]) for k in TOKEN_MAPS if k in spec.modules)
-    pattern = re.compile(rf"(^|\.){layer}({maps})$")
-    return [module for name, module in model.named_modules() if pattern.search(name)]
+    modules = dict(model.named_modules())
+    # canonical views that are no module (GPT-2's q/k/v inside the fused c_attn) are left out
+    return [modules[name] for name in layer_module_names(config, model.state_dict(), TOKEN_MAPS) if name in modules]
 
 
 @contextmanager

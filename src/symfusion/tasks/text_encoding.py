@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from symfusion.arch import family_spec
 from symfusion.data.text import KINDS as TEXT_KINDS
 from symfusion.errors import SymfusionError
-from symfusion.modelio import load_model
+from symfusion.modelio import load_model, to_device
 from symfusion.packing import padding_free, token_maps
 from symfusion.text_metrics import get_metric
 
@@ -202,7 +202,7 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
     maps = token_maps(model)                   # sorted batches still pad: their linears skip it (packing.py)
     for batch in text_loader(ordered, batch_size, shuffle=False):
         labels = batch.pop("labels")
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = to_device(batch, device)
         with padding_free(maps, batch.get("attention_mask")):
             logits = model(**batch).logits.cpu()
         parts = _batch_loss_and_outputs(logits, labels, kind)
