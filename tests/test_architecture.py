@@ -9,7 +9,7 @@ PACKAGE = SRC / "symfusion"
 
 # Layers from the bottom up; a module may import only from its own layer or a lower one.
 LAYERS = [
-    ("base", ["allocator", "errors", "config", "provenance", "text_metrics", "outputs", "uncertainty"]),
+    ("base", ["allocator", "warm", "errors", "config", "provenance", "text_metrics", "outputs", "uncertainty"]),
     ("library", ["arch", "symmetry", "measures", "interpolation", "matching", "fusion", "modelio", "basemodels",
                  "training", "packing", "data", "revisions", "standins", "sharded", "api"]),
     ("tasks", ["tasks"]),

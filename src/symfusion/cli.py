@@ -1,5 +1,7 @@
 """The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -multimodel, -report.
 
+symfusion-worker runs the pipeline's warm worker (warm.py): the stages imported once, a forked child per job.
+
 Each entry point imports its own stage inside the function (the one place in symfusion where imports
 sit inside functions): a pipeline job then loads only what its stage needs, which keeps the start-up
 of every one of the pipeline's jobs cheap (transformers' modeling code, POT, spaCy, matplotlib).
@@ -15,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.allocator import keep_freed_memory
+from symfusion import warm
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
 from symfusion.errors import SymfusionError
@@ -288,30 +291,81 @@ def usage_line(name: str, start: float) -> str:
             f"peak RSS {max(own.ru_maxrss, children.ru_maxrss) / 1024:.0f} MiB")
 
 
+def run_command(config_name: str, argv: list[str]) -> int:
+    """Run the stage command of conf/<config_name>.yaml in this process; its exit code (or SystemExit)."""
+    start = time.perf_counter()
+    keep_freed_memory()        # a stage process reuses freed tensor memory (allocator.py)
+    try:
+        return command_line(config_name, COMMANDS[config_name], argv)
+    finally:
+        if os.environ.get(USAGE_VARIABLE):
+            print(usage_line(f"symfusion-{config_name}", start), file=sys.stderr, flush=True)
+
+
 def entry(config_name: str, command):
-    """A console-script main() for `command` with conf/<config_name>.yaml."""
+    """A console-script main() for `command` with conf/<config_name>.yaml (in the warm worker when one serves)."""
     def main(argv: list[str] | None = None) -> None:
-        start = time.perf_counter()
-        keep_freed_memory()        # a stage process reuses freed tensor memory (allocator.py)
-        try:
-            code = command_line(config_name, command, sys.argv[1:] if argv is None else list(argv))
-        finally:
-            if os.environ.get(USAGE_VARIABLE):
-                print(usage_line(f"symfusion-{config_name}", start), file=sys.stderr, flush=True)
-        sys.exit(code)
+        args = sys.argv[1:] if argv is None else list(argv)
+        code = warm.run_in_worker(config_name, args)
+        sys.exit(run_command(config_name, args) if code is None else code)
     main.__doc__ = command.__doc__
     return main
 
 
-data_main = entry("data", data_command)
-train_main = entry("train", train_command)
-match_main = entry("match", match_command)
-merge_main = entry("merge", merge_command)
-evaluate_main = entry("evaluate", evaluate_command)
-barrier_main = entry("barrier", barrier_command)
-layers_main = entry("layers", layers_command)
-multimodel_main = entry("multimodel", multimodel_command)
-report_main = entry("report", report_command)
+COMMANDS = {"data": data_command, "train": train_command, "match": match_command, "merge": merge_command,
+            "evaluate": evaluate_command, "barrier": barrier_command, "layers": layers_command,
+            "multimodel": multimodel_command, "report": report_command}
+data_main, train_main, match_main, merge_main, evaluate_main, barrier_main, layers_main, multimodel_main, \
+    report_main = (entry(name, command) for name, command in COMMANDS.items())
+
+# What the warm worker imports before it forks: every stage, so that no job imports torch or transformers again.
+WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.tasks", "symfusion.matching",
+                  "symfusion.stages.data", "symfusion.stages.train", "symfusion.stages.match",
+                  "symfusion.stages.merge", "symfusion.stages.evaluate", "symfusion.stages.barrier",
+                  "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts")
+
+
+def _fresh_process_state(default_threads: int) -> None:
+    """In a worker's child: what a new process would start with (threads from the job's environment, RNGs)."""
+    import numpy as np
+    import tempfile
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else default_threads)
+    torch.manual_seed(torch.initial_seed())       # the generator as a new process has it
+    np.random.seed()                              # numpy's global generator: fresh entropy, as at start-up
+    tempfile.tempdir = None                       # re-read TMPDIR
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    """symfusion-worker SOCKET: the pipeline's warm worker (warm.py), serving on the new socket SOCKET.
+
+    The Snakefile starts it for a run on this machine; it exits on SIGTERM or when its parent does.
+    """
+    import importlib
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print("error: usage: symfusion-worker SOCKET (a path that does not exist yet, in an existing folder)",
+              file=sys.stderr)
+        sys.exit(2)
+    path = args[0]
+    if os.path.lexists(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        print(f"error: {path} exists already, or its folder does not; the worker makes a new socket",
+              file=sys.stderr)
+        sys.exit(2)
+    keep_freed_memory()
+    environment = dict(os.environ)
+    for name in WORKER_PRELOAD:
+        importlib.import_module(name)
+    torch = sys.modules["torch"]
+    if torch.cuda.is_available():            # forking after CUDA is unsafe: every job starts its own process
+        print("worker: a GPU is visible; jobs run in their own processes", file=sys.stderr, flush=True)
+        return
+    default_threads = torch.get_num_threads()
+    warm.serve(path, run_command, lambda: _fresh_process_state(default_threads), environment)
+
 
 if __name__ == "__main__":
     match_main()

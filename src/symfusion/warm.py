@@ -1,0 +1,286 @@
+"""A warm process for one machine's pipeline jobs: it imports the stages once and forks a child per job.
+
+Each stage command used to pay its imports (torch, transformers' modeling code: about 5 CPU seconds)
+in every one of a run's ~76 jobs, for jobs whose own work is often a fraction of a second. `serve`
+imports them once and then, for each command that connects to its socket, forks a child that runs
+the command as that process would have: its argument list, working directory, environment, and its
+stdin/stdout/stderr (passed over the socket). The command's process waits for the child's exit code
+and exits with it; a child whose command process goes away (Snakemake stopping a job) is terminated.
+
+A command uses the worker only when the variable SYMFUSION_WORKER names a socket and the worker
+accepts: the same Python executable and symfusion installation, and an environment that differs from
+the worker's only in the variables a scheduler sets per job (threads, temporary directory, shell
+bookkeeping). Anything else (no worker, another environment, a GPU visible to the worker, where
+forking after CUDA is unsafe) runs in the command's own process, as without a worker.
+
+A child's CPU time is its own from the fork (getrusage restarts at zero), so each job's usage line
+counts its work; the worker, reaping the children, carries their CPU time to whoever waits for it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+
+VARIABLE = "SYMFUSION_WORKER"
+# what Snakemake (or a shell) sets per job; any other difference from the worker's environment is refused
+PER_JOB = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "TMPDIR", "TEMP", "TEMPDIR", "TMP",
+                     "SHLVL", "PS1", "_", "PWD", "OLDPWD", VARIABLE})
+HEADER = struct.Struct("!I")          # byte length of the request's JSON that follows it
+PR_SET_PDEATHSIG = 1                  # prctl(2): a signal for this process when its parent exits
+
+
+def refusal(request: dict, *, executable: str, installation: str, environment: dict) -> str | None:
+    """Why the worker cannot run `request` as its own process would (None when it can)."""
+    if request.get("executable") != executable:
+        return f"another Python ({request.get('executable')})"
+    if request.get("installation") != installation:
+        return f"another symfusion installation ({request.get('installation')})"
+    job = request.get("environment", {})
+    differing = sorted(k for k in set(job) | set(environment) if job.get(k) != environment.get(k) and k not in PER_JOB)
+    if differing:
+        return "another environment: " + ", ".join(differing[:5])
+    return None
+
+
+def _installation() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+# ------------------------------------------------------------------------------------------ the command's side
+
+
+def run_in_worker(command: str, argv: list[str]) -> int | None:
+    """Run `command argv` in the warm worker named by $SYMFUSION_WORKER: its exit code, or None when none serves."""
+    path = os.environ.get(VARIABLE)
+    if not path:
+        return None
+    try:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(path)
+    except OSError:
+        return None
+    with connection:
+        request = json.dumps({"command": command, "argv": list(argv), "cwd": os.getcwd(),
+                              "environment": dict(os.environ), "executable": sys.executable,
+                              "installation": _installation(), "argv0": sys.argv[0]}).encode()
+        try:
+            socket.send_fds(connection, [HEADER.pack(len(request)) + request], [0, 1, 2])
+            replies = connection.makefile("r")
+            for line in replies:
+                reply = json.loads(line)
+                if "refused" in reply:
+                    print(f"note: the warm worker did not take this job ({reply['refused']}); "
+                          "it runs in its own process", file=sys.stderr, flush=True)
+                    return None
+                if "exit" in reply:
+                    return int(reply["exit"])
+        except (OSError, ValueError):
+            pass
+    print("error: the warm worker ended before this job did (see its log); run the command again",
+          file=sys.stderr, flush=True)
+    return 1
+
+
+# ------------------------------------------------------------------------------------------ the worker's side
+
+
+def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    if len(data) < HEADER.size or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("a malformed request")
+    (length,) = HEADER.unpack_from(data)
+    body = data[HEADER.size:]
+    while len(body) < length:
+        chunk = connection.recv(length - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return json.loads(body), fds
+
+
+def _child(request: dict, fds: list[int], run, prepare_child) -> None:
+    """In the forked child: become the command's process and run it; never returns."""
+    code = 1
+    try:
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["environment"])
+        sys.argv = [request["argv0"], *request["argv"]]
+        prepare_child()
+        code = run(request["command"], request["argv"])
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if done.code is not None and not isinstance(done.code, int):
+            print(done.code, file=sys.stderr)
+    except BaseException:             # noqa: BLE001 - a traceback on the job's stderr, as its own process would
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _watch_parent() -> int:
+    """Have the kernel send SIGTERM when the process that started the worker exits; its pid."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    return os.getppid()
+
+
+def serve(path: str, run, prepare_child, environment: dict, log=sys.stderr) -> None:
+    """Accept commands on the socket `path` (created here, removed at the end) until SIGTERM or the parent exits.
+
+    environment: the worker's environment as it started, before its imports; a job's must equal it but for
+    PER_JOB. Variables that the imports set (as they would in the job's own process) are kept in the child.
+
+    run(command, argv) -> exit code runs one command in a forked child, after prepare_child() (called once
+    the child has the command's environment, e.g. to set the thread count from it).
+    """
+    parent = _watch_parent()
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    wakeup, woken = os.pipe()                        # a signal (a child's exit) wakes select at once
+    os.set_blocking(woken, False)
+    os.set_blocking(wakeup, False)
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o177)                       # the socket: this user only
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_mask)
+    listener.listen(16)
+    executable, installation = sys.executable, _installation()
+    imported = {k: v for k, v in os.environ.items() if k not in environment}
+    jobs: dict[int, list] = {}      # pid -> [connection, command, start, stopped]
+    print(f"worker {os.getpid()} serving {path}", file=log, flush=True)
+    try:
+        while not stopping and os.getppid() == parent:
+            waiting = [listener, wakeup] + [job[0] for job in jobs.values() if not job[3]]
+            try:
+                readable, _, _ = select.select(waiting, [], [], 1.0)
+            except InterruptedError:
+                readable = []
+            for ready in readable:
+                if ready is wakeup:
+                    while _drain(wakeup):
+                        pass
+                elif ready is listener:
+                    _accept(listener, jobs, run, prepare_child, log, executable, installation, environment, imported,
+                            (wakeup, woken))
+                else:                                   # a command process closed its end: stop its job
+                    for pid, job in jobs.items():
+                        if job[0] is ready and not job[3] and not ready.recv(1, socket.MSG_PEEK):
+                            print(f"job {pid} ({job[1]}): its command went away; stopping it", file=log, flush=True)
+                            _signal(pid, signal.SIGTERM)
+                            job[3] = True
+            _reap(jobs, log, block=False)
+    finally:
+        for pid in list(jobs):
+            _signal(pid, signal.SIGTERM)
+        _reap(jobs, log, block=True)
+        listener.close()
+        signal.set_wakeup_fd(-1)
+        os.close(wakeup)
+        os.close(woken)
+        if os.path.exists(path):
+            os.unlink(path)
+        own = os.times()
+        print(f"usage: symfusion-worker user {own.user + own.children_user:.2f} s, "
+              f"system {own.system + own.children_system:.2f} s (its jobs included)", file=log, flush=True)
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _drain(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 512))
+    except BlockingIOError:
+        return False
+
+
+def _accept(listener, jobs, run, prepare_child, log, executable, installation, environment, imported,
+            wakeup_pipe) -> None:
+    connection, _ = listener.accept()
+    try:
+        request, fds = _read_request(connection)
+    except (OSError, ValueError) as error:
+        print(f"a request could not be read: {error}", file=log, flush=True)
+        connection.close()
+        return
+    reason = refusal(request, executable=executable, installation=installation, environment=environment)
+    if reason:
+        for fd in fds:
+            os.close(fd)
+        print(f"refused {request.get('command')}: {reason}", file=log, flush=True)
+        try:
+            connection.sendall((json.dumps({"refused": reason}) + "\n").encode())
+        finally:
+            connection.close()
+        return
+    sys.stdout.flush()
+    log.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        for fd in wakeup_pipe:
+            os.close(fd)
+        listener.close()
+        connection.close()
+        for job in jobs.values():
+            job[0].close()
+        request["environment"] = {**imported, **request["environment"]}
+        _child(request, fds, run, prepare_child)
+    for fd in fds:
+        os.close(fd)
+    jobs[pid] = [connection, request["command"], time.perf_counter(), False]
+    print(f"job {pid}: symfusion-{request['command']} {' '.join(request['argv'])}", file=log, flush=True)
+
+
+def _reap(jobs, log, block: bool) -> None:
+    while jobs:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            jobs.clear()
+            return
+        if pid == 0:
+            return
+        if pid not in jobs:
+            continue
+        connection, command, start, _ = jobs.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code          # killed by a signal: the shell's 128 + N
+        print(f"job {pid} ({command}): exit {code} after {time.perf_counter() - start:.1f} s", file=log, flush=True)
+        try:
+            connection.sendall((json.dumps({"exit": code}) + "\n").encode())
+        except OSError:
+            pass
+        connection.close()
