@@ -96,6 +96,26 @@ def job_usage(log: Path) -> tuple[float, float] | None:
     return found
 
 
+WORKER_USAGE = re.compile(r"^usage: symfusion-worker user ([\d.]+) s, system ([\d.]+) s")
+
+
+def worker_usage(run_dir: Path) -> dict | None:
+    """The warm worker's last run in logs/worker.log: jobs it forked, its CPU seconds with theirs (None: no worker)."""
+    log = run_dir / "logs" / "worker.log"
+    if not log.is_file():
+        return None
+    lines = log.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("worker ") and " serving " in line]
+    if not starts:
+        return None
+    last = lines[starts[-1]:]
+    usage = [WORKER_USAGE.match(line) for line in last]
+    usage = [m for m in usage if m]
+    return {"jobs": sum(1 for line in last if line.startswith("job ") and "): exit " in line),
+            "refused": sum(1 for line in last if line.startswith("refused ")),
+            "cpu": float(usage[-1].group(1)) + float(usage[-1].group(2)) if usage else None}
+
+
 def benchmark_rows(run_dir: Path) -> list[dict]:
     """One row per job: wall seconds from Snakemake's benchmark file; CPU seconds exact from the job's log
     (its command's `usage:` line, logs/ mirrors benchmarks/) or else Snakemake's sample, which misses up
@@ -262,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"whole run (GNU time): user {measured['user']:.0f} s + system {measured.get('system', 0):.0f} s "
                   f"= {cpu:.0f} CPU s, wall {measured.get('wall', float('nan')):.0f} s; x rate: "
                   f"{cpu * rate / 1e3:.1f} TFLOP-equivalents")
+    worker = worker_usage(args.run_dir)
+    result["worker"] = worker
+    if worker and worker["cpu"] is not None:
+        print(f"warm worker: {worker['jobs']} jobs forked from it ({worker['refused']} refused), "
+              f"{worker['cpu']:.0f} CPU s with its jobs; its own imports and forks: {worker['cpu'] - total_cpu:.0f} s "
+              "(less where jobs ran in their own processes)")
     timers = stage_timers(args.run_dir)
     result["stage_timers"] = timers
     print("\nstages' own timers (seconds of work, without loading and imports): "

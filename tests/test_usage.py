@@ -61,3 +61,15 @@ def test_the_calibration_says_how_busy_the_machine_was(tmp_path):
     assert 3.0 / 2.0 < others <= 3.0 / 0.2                     # 3 s over >= 0.2 s of wall (own CPU ~0)
     _, unknown = bench.while_measuring(lambda: None, busy=lambda: None)
     assert unknown is None
+
+
+def test_bench_pipeline_reads_the_warm_workers_last_run(tmp_path):
+    log = tmp_path / "logs" / "worker.log"
+    log.parent.mkdir(parents=True)
+    assert bench_pipeline().worker_usage(tmp_path) is None
+    log.write_text("worker 1 serving /tmp/a/socket\njob 2: symfusion-data x\njob 2 (data): exit 0 after 1.0 s\n"
+                   "usage: symfusion-worker user 10.00 s, system 1.00 s (its jobs included)\n"
+                   "worker 5 serving /tmp/b/socket\njob 6: symfusion-match y\njob 6 (match): exit 2 after 0.5 s\n"
+                   "refused merge: another environment: FOO\njob 7 (train): exit 0 after 9.0 s\n"
+                   "usage: symfusion-worker user 20.50 s, system 2.25 s (its jobs included)\n")
+    assert bench_pipeline().worker_usage(tmp_path) == {"jobs": 2, "refused": 1, "cpu": 22.75}

@@ -113,8 +113,9 @@ def _child(request: dict, fds: list[int], run, prepare_child) -> None:
     """In the forked child: become the command's process and run it; never returns."""
     code = 1
     try:
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+        for number in (signal.SIGTERM, signal.SIGCHLD):            # as in a new Python process
             signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)

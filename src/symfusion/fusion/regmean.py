@@ -66,13 +66,16 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> tor
     alpha=1) gets a tiny ridge pulling towards `fallback`, so undetermined entries stay averaged."""
     if gram.diagonal().max() == 0:  # all inputs zero: any weight gives the same output
         return fallback
-    factor, info = torch.linalg.cholesky_ex(gram)
+    factor, info = torch.linalg.cholesky_ex(gram)  # gram = L L^T
     pivots = factor.diagonal() ** 2  # each Cholesky pivot >= the smallest eigenvalue
     if info or not pivots.min() > 1e-12 * pivots.max():
         ridge = 1e-8 * gram.diagonal().mean()
         gram = gram + ridge * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
         rhs = rhs + ridge * fallback
-    return torch.linalg.solve(gram, rhs)
+        factor, info = torch.linalg.cholesky_ex(gram)
+        if info:  # not even the ridge makes it positive definite (rounding): a general solve
+            return torch.linalg.solve(gram, rhs)
+    return torch.cholesky_solve(rhs, factor)  # two triangular solves with the factor above
 
 
 def _fuse(models: list, batches: list, alpha: float, anchor_keys: list[str], num_examples: int | None) -> dict:
