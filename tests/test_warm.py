@@ -75,6 +75,12 @@ def test_a_job_runs_in_a_child_with_its_own_arguments_folder_environment_and_str
     assert "symfusion-echo a=1 b=2" in log.read_text() and "(echo): exit 0" in log.read_text()
 
 
+def test_a_request_larger_than_one_read_arrives_whole(toy_worker):
+    job = client(toy_worker[0], "echo", "x" * 70_000, extra_env={"TMPDIR": "/tmp/" + "y" * 100_000})
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 0 and out.startswith("echo " + "x" * 70_000 + " in "), err[-300:]
+
+
 @pytest.mark.parametrize("command,argv,code,message", [
     ("exit", ["2"], 2, ""), ("exit", ["0"], 0, ""), ("fail", [], 1, "RuntimeError: a bug in a stage"),
 ])

@@ -69,11 +69,15 @@ def run_in_worker(command: str, argv: list[str]) -> int | None:
     except OSError:
         return None
     with connection:
-        request = json.dumps({"command": command, "argv": list(argv), "cwd": os.getcwd(),
-                              "environment": dict(os.environ), "executable": sys.executable,
-                              "installation": _installation(), "argv0": sys.argv[0]}).encode()
         try:
-            socket.send_fds(connection, [HEADER.pack(len(request)) + request], [0, 1, 2])
+            request = json.dumps({"command": command, "argv": list(argv), "cwd": os.getcwd(),
+                                  "environment": dict(os.environ), "executable": sys.executable,
+                                  "installation": _installation(), "argv0": sys.argv[0]}).encode()
+            socket.send_fds(connection, [HEADER.pack(len(request))], [0, 1, 2])   # the length, and the streams
+            connection.sendall(request)
+        except OSError:                  # e.g. a closed stdin or a removed folder: the job runs here
+            return None
+        try:
             replies = connection.makefile("r")
             for line in replies:
                 reply = json.loads(line)
