@@ -28,6 +28,7 @@ import struct
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 
 VARIABLE = "SYMFUSION_WORKER"
 # what Snakemake (or a shell) sets per job; any other difference from the worker's environment is refused
@@ -98,19 +99,23 @@ def run_in_worker(command: str, argv: list[str]) -> int | None:
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
+    """The request's JSON and its three stream descriptors (closed here if the request is unreadable)."""
     data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
-    if len(data) < HEADER.size or len(fds) != 3:
+    try:
+        if len(data) < HEADER.size or len(fds) != 3:
+            raise ValueError("a malformed request")
+        (length,) = HEADER.unpack_from(data)
+        body = data[HEADER.size:]
+        while len(body) < length:
+            chunk = connection.recv(length - len(body))
+            if not chunk:
+                break
+            body += chunk
+        return json.loads(body), fds
+    except ValueError:
         for fd in fds:
             os.close(fd)
-        raise ValueError("a malformed request")
-    (length,) = HEADER.unpack_from(data)
-    body = data[HEADER.size:]
-    while len(body) < length:
-        chunk = connection.recv(length - len(body))
-        if not chunk:
-            break
-        body += chunk
-    return json.loads(body), fds
+        raise
 
 
 def _child(request: dict, fds: list[int], run, prepare_child) -> None:
@@ -152,6 +157,129 @@ def _watch_parent() -> int:
     return os.getppid()
 
 
+@dataclass
+class _Job:
+    """A forked child and the connection of the command process waiting for it."""
+    connection: socket.socket
+    command: str
+    start: float = field(default_factory=time.perf_counter)
+    stopped: bool = False            # SIGTERM sent: its command went away
+
+
+class _Worker:
+    """The serving loop's state: the listening socket, the self-pipe that signals write to, the running jobs."""
+
+    def __init__(self, path: str, run, prepare_child, environment: dict, log):
+        self.run, self.prepare_child, self.environment, self.log = run, prepare_child, environment, log
+        self.identity = {"executable": sys.executable, "installation": _installation()}
+        self.imported = {k: v for k, v in os.environ.items() if k not in environment}
+        self.wakeup, self.woken = os.pipe()          # a signal (a child's exit) wakes select at once
+        for fd in (self.wakeup, self.woken):
+            os.set_blocking(fd, False)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_mask = os.umask(0o177)                   # the socket: this user only
+        try:
+            self.listener.bind(path)
+        finally:
+            os.umask(old_mask)
+        self.listener.listen(16)
+        self.jobs: dict[int, _Job] = {}
+
+    def say(self, line: str) -> None:
+        print(line, file=self.log, flush=True)
+
+    def step(self) -> None:
+        """Wait up to a second, then take new commands, stop jobs whose command went away, reap ended jobs."""
+        waiting = {job.connection: pid for pid, job in self.jobs.items() if not job.stopped}
+        try:
+            readable, _, _ = select.select([self.listener, self.wakeup, *waiting], [], [], 1.0)
+        except InterruptedError:
+            readable = []
+        for ready in readable:
+            if ready is self.wakeup:
+                while _drain(self.wakeup):
+                    pass
+            elif ready is self.listener:
+                self.accept()
+            elif not ready.recv(1, socket.MSG_PEEK):     # the command process closed its end: stop its job
+                pid = waiting[ready]
+                self.say(f"job {pid} ({self.jobs[pid].command}): its command went away; stopping it")
+                _signal(pid, signal.SIGTERM)
+                self.jobs[pid].stopped = True
+        self.reap(block=False)
+
+    def accept(self) -> None:
+        connection, _ = self.listener.accept()
+        try:
+            request, fds = _read_request(connection)
+        except (OSError, ValueError) as error:
+            self.say(f"a request could not be read: {error}")
+            connection.close()
+            return
+        reason = refusal(request, environment=self.environment, **self.identity)
+        if reason:
+            for fd in fds:
+                os.close(fd)
+            self.say(f"refused {request.get('command')}: {reason}")
+            try:
+                connection.sendall((json.dumps({"refused": reason}) + "\n").encode())
+            finally:
+                connection.close()
+            return
+        for stream in (sys.stdout, sys.stderr, self.log):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            for fd in (self.wakeup, self.woken):
+                os.close(fd)
+            for other in (self.listener, connection, *(job.connection for job in self.jobs.values())):
+                other.close()
+            request["environment"] = {**self.imported, **request["environment"]}
+            _child(request, fds, self.run, self.prepare_child)
+        for fd in fds:
+            os.close(fd)
+        self.jobs[pid] = _Job(connection, request["command"])
+        self.say(f"job {pid}: symfusion-{request['command']} {' '.join(request['argv'])}")
+
+    def reap(self, block: bool) -> None:
+        """Send each ended job's exit code to its command (the shell's 128 + N for a signal N)."""
+        while self.jobs:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                self.jobs.clear()
+                return
+            if pid == 0:
+                return
+            job = self.jobs.pop(pid, None)
+            if job is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            code = 128 - code if code < 0 else code
+            self.say(f"job {pid} ({job.command}): exit {code} after {time.perf_counter() - job.start:.1f} s")
+            try:
+                job.connection.sendall((json.dumps({"exit": code}) + "\n").encode())
+            except OSError:
+                pass
+            job.connection.close()
+
+    def close(self, path: str) -> None:
+        """Stop and reap the running jobs, remove the socket, state the CPU time (the jobs' included)."""
+        for pid in list(self.jobs):
+            _signal(pid, signal.SIGTERM)
+        self.reap(block=True)
+        self.listener.close()
+        signal.set_wakeup_fd(-1)
+        os.close(self.wakeup)
+        os.close(self.woken)
+        if os.path.exists(path):
+            os.unlink(path)
+        own = os.times()
+        self.say(f"usage: symfusion-worker user {own.user + own.children_user:.2f} s, "
+                 f"system {own.system + own.children_system:.2f} s (its jobs included)")
+
+
 def serve(path: str, run, prepare_child, environment: dict, log=sys.stderr) -> None:
     """Accept commands on the socket `path` (created here, removed at the end) until SIGTERM or the parent exits.
 
@@ -165,56 +293,15 @@ def serve(path: str, run, prepare_child, environment: dict, log=sys.stderr) -> N
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    wakeup, woken = os.pipe()                        # a signal (a child's exit) wakes select at once
-    os.set_blocking(woken, False)
-    os.set_blocking(wakeup, False)
-    signal.set_wakeup_fd(woken)
+    worker = _Worker(path, run, prepare_child, environment, log)
+    signal.set_wakeup_fd(worker.woken)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_mask = os.umask(0o177)                       # the socket: this user only
-    try:
-        listener.bind(path)
-    finally:
-        os.umask(old_mask)
-    listener.listen(16)
-    executable, installation = sys.executable, _installation()
-    imported = {k: v for k, v in os.environ.items() if k not in environment}
-    jobs: dict[int, list] = {}      # pid -> [connection, command, start, stopped]
-    print(f"worker {os.getpid()} serving {path}", file=log, flush=True)
+    worker.say(f"worker {os.getpid()} serving {path}")
     try:
         while not stopping and os.getppid() == parent:
-            waiting = [listener, wakeup] + [job[0] for job in jobs.values() if not job[3]]
-            try:
-                readable, _, _ = select.select(waiting, [], [], 1.0)
-            except InterruptedError:
-                readable = []
-            for ready in readable:
-                if ready is wakeup:
-                    while _drain(wakeup):
-                        pass
-                elif ready is listener:
-                    _accept(listener, jobs, run, prepare_child, log, executable, installation, environment, imported,
-                            (wakeup, woken))
-                else:                                   # a command process closed its end: stop its job
-                    for pid, job in jobs.items():
-                        if job[0] is ready and not job[3] and not ready.recv(1, socket.MSG_PEEK):
-                            print(f"job {pid} ({job[1]}): its command went away; stopping it", file=log, flush=True)
-                            _signal(pid, signal.SIGTERM)
-                            job[3] = True
-            _reap(jobs, log, block=False)
+            worker.step()
     finally:
-        for pid in list(jobs):
-            _signal(pid, signal.SIGTERM)
-        _reap(jobs, log, block=True)
-        listener.close()
-        signal.set_wakeup_fd(-1)
-        os.close(wakeup)
-        os.close(woken)
-        if os.path.exists(path):
-            os.unlink(path)
-        own = os.times()
-        print(f"usage: symfusion-worker user {own.user + own.children_user:.2f} s, "
-              f"system {own.system + own.children_system:.2f} s (its jobs included)", file=log, flush=True)
+        worker.close(path)
 
 
 def _signal(pid: int, number: int) -> None:
@@ -229,63 +316,3 @@ def _drain(fd: int) -> bool:
         return bool(os.read(fd, 512))
     except BlockingIOError:
         return False
-
-
-def _accept(listener, jobs, run, prepare_child, log, executable, installation, environment, imported,
-            wakeup_pipe) -> None:
-    connection, _ = listener.accept()
-    try:
-        request, fds = _read_request(connection)
-    except (OSError, ValueError) as error:
-        print(f"a request could not be read: {error}", file=log, flush=True)
-        connection.close()
-        return
-    reason = refusal(request, executable=executable, installation=installation, environment=environment)
-    if reason:
-        for fd in fds:
-            os.close(fd)
-        print(f"refused {request.get('command')}: {reason}", file=log, flush=True)
-        try:
-            connection.sendall((json.dumps({"refused": reason}) + "\n").encode())
-        finally:
-            connection.close()
-        return
-    sys.stdout.flush()
-    log.flush()
-    pid = os.fork()
-    if pid == 0:
-        signal.set_wakeup_fd(-1)
-        for fd in wakeup_pipe:
-            os.close(fd)
-        listener.close()
-        connection.close()
-        for job in jobs.values():
-            job[0].close()
-        request["environment"] = {**imported, **request["environment"]}
-        _child(request, fds, run, prepare_child)
-    for fd in fds:
-        os.close(fd)
-    jobs[pid] = [connection, request["command"], time.perf_counter(), False]
-    print(f"job {pid}: symfusion-{request['command']} {' '.join(request['argv'])}", file=log, flush=True)
-
-
-def _reap(jobs, log, block: bool) -> None:
-    while jobs:
-        try:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            jobs.clear()
-            return
-        if pid == 0:
-            return
-        if pid not in jobs:
-            continue
-        connection, command, start, _ = jobs.pop(pid)
-        code = os.waitstatus_to_exitcode(status)
-        code = 128 - code if code < 0 else code          # killed by a signal: the shell's 128 + N
-        print(f"job {pid} ({command}): exit {code} after {time.perf_counter() - start:.1f} s", file=log, flush=True)
-        try:
-            connection.sendall((json.dumps({"exit": code}) + "\n").encode())
-        except OSError:
-            pass
-        connection.close()
