@@ -8,6 +8,7 @@ of every one of the pipeline's jobs cheap (transformers' modeling code, POT, spa
 """
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
@@ -322,7 +323,20 @@ data_main, train_main, match_main, merge_main, evaluate_main, barrier_main, laye
 WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.tasks", "symfusion.matching",
                   "symfusion.stages.data", "symfusion.stages.train", "symfusion.stages.match",
                   "symfusion.stages.merge", "symfusion.stages.evaluate", "symfusion.stages.barrier",
-                  "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts")
+                  "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts",
+                  "transformers.models.auto.tokenization_auto")
+# ... and what the stages import lazily when a job needs it (each cost a forked job 1-3 CPU s): the
+# pipeline's packages (metrics, optimal transport, spaCy; skipped when not installed) and, in
+# worker_modules(), the transformers modeling code of every family symfusion supports.
+WORKER_PRELOAD_OPTIONAL = ("sklearn.metrics", "seqeval.metrics", "seqeval.scheme", "ot", "spacy", "tabulate")
+
+
+def worker_modules() -> list[str]:
+    """WORKER_PRELOAD, then transformers.models.<type>.modeling_<type> of every model type in arch.MODEL_TYPES."""
+    from symfusion.arch import MODEL_TYPES
+
+    families = [f"transformers.models.{t}.modeling_{t}" for t in (m.replace("-", "_") for m in MODEL_TYPES)]
+    return list(WORKER_PRELOAD) + families
 
 
 def _fresh_process_state(default_threads: int) -> None:
@@ -357,8 +371,14 @@ def worker_main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     keep_freed_memory()
     environment = dict(os.environ)
-    for name in WORKER_PRELOAD:
+    for name in worker_modules():
         importlib.import_module(name)
+    for name in WORKER_PRELOAD_OPTIONAL:
+        try:
+            importlib.import_module(name)
+        except ImportError:              # a pipeline package this installation lacks: its jobs import nothing
+            pass
+    gc.freeze()     # the imported objects leave the collector: a child's collections do not copy their pages
     torch = sys.modules["torch"]
     if torch.cuda.is_available():            # forking after CUDA is unsafe: every job starts its own process
         print("worker: a GPU is visible; jobs run in their own processes", file=sys.stderr, flush=True)

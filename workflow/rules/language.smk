@@ -76,7 +76,7 @@ rule layer_sweep:
         f"{LOGS}/lang/{{lmodel}}/layers.log",
     benchmark:
         f"{BENCH}/lang/{{lmodel}}/layers.tsv"
-    threads: 2
+    threads: LANG["train_threads"]  # as many as a fine-tuning (mini: 1; two such jobs share a 2-core machine)
     resources:
         gpu=1,
     conda:
@@ -103,7 +103,7 @@ rule multimodel:
         f"{LOGS}/lang/{{lmodel}}/multimodel.log",
     benchmark:
         f"{BENCH}/lang/{{lmodel}}/multimodel.tsv"
-    threads: 2
+    threads: LANG["train_threads"]  # as many as a fine-tuning (mini: 1; two such jobs share a 2-core machine)
     conda:
         ENV
     shell:
