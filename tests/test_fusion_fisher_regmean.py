@@ -158,6 +158,47 @@ def test_gram_of_text_models_excludes_padded_tokens():
     assert grams["classifier"].shape == (32, 32)  # the head on the pooled vector counts too
 
 
+def test_gram_of_every_linear_is_exactly_that_of_its_own_inputs():
+    """The query, key and value projections share one Gram product: each equals X^T X / n of the rows
+    that layer itself received, bit for bit, over several batches."""
+    model = tiny_model("bert", seed=2)
+    batches = [text_batch(seed=0), text_batch(size=3, length=5, seed=1)]
+    seen = {}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    handles = [m.register_forward_pre_hook(lambda m, a, n=n: seen.setdefault(n, []).append(a[0].detach().clone()))
+               for n, m in linears.items()]
+    with torch.no_grad():
+        for batch in batches:
+            model(**batch)
+    for handle in handles:
+        handle.remove()
+    grams = regmean.gram_matrices(model, batches)
+    assert grams.keys() == seen.keys()
+    for name, inputs in seen.items():
+        rows = [regmean._rows(x, b["attention_mask"]).double() for x, b in zip(inputs, batches)]
+        expected = (rows[0].T @ rows[0] + rows[1].T @ rows[1]) / (len(rows[0]) + len(rows[1]))
+        assert torch.equal(grams[name], expected), name
+
+
+class ChangesItsInputInPlace(nn.Module):
+    """fc1 and fc2 read one tensor object, doubled in place between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.fc1(x)
+        x.mul_(2.0)
+        return y + self.fc2(x)
+
+
+def test_gram_is_not_shared_when_the_input_changed_in_place():
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    grams = regmean.gram_matrices(ChangesItsInputInPlace(), [{"x": x.clone()}])
+    assert torch.allclose(grams["fc2"], 4 * grams["fc1"], rtol=1e-12, atol=0)
+
+
 # ---------------------------------------------------------------- Fisher
 
 

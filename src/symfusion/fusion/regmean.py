@@ -34,13 +34,20 @@ def gram_matrices(model: nn.Module, batches: list[dict]) -> dict:
     """G = X^T X / n (float64, (in, in)) of the inputs of every nn.Linear reached, by module name."""
     if not batches:
         raise SymfusionError("RegMean needs data batches (set fusion.num_batches > 0)")
-    sums, counts, state = {}, {}, {"mask": None}
+    sums, counts, state = {}, {}, {"mask": None, "last": None}
 
     def hook(name):
         def record(module, args, kwargs):
-            rows = _rows(args[0] if args else kwargs["input"], state["mask"]).double()
-            sums[name] = sums.get(name, 0) + rows.T @ rows  # (d, n) @ (n, d) -> (d, d)
-            counts[name] = counts.get(name, 0) + rows.shape[0]
+            x = args[0] if args else kwargs["input"]
+            last = state["last"]
+            if last is not None and last[0] is x and last[1] == x._version:  # q, k, v projections read one tensor
+                gram, n = last[2], last[3]
+            else:
+                rows = _rows(x, state["mask"]).double()
+                gram, n = rows.T @ rows, rows.shape[0]  # (d, n) @ (n, d) -> (d, d)
+                state["last"] = (x, x._version, gram, n)
+            sums[name] = sums.get(name, 0) + gram
+            counts[name] = counts.get(name, 0) + n
         return record
 
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -53,7 +60,9 @@ def gram_matrices(model: nn.Module, batches: list[dict]) -> dict:
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             state["mask"] = batch.get("attention_mask")
             model(**batch)
+            state["last"] = None
     finally:
+        state["last"] = None
         for handle in handles:
             handle.remove()
         for module, flag in training.items():
