@@ -4,7 +4,8 @@ import torch
 
 import symfusion.fusion.fisher as fisher
 import symfusion.fusion.regmean as regmean
-from symfusion.fusion import merge_models
+from symfusion.errors import SymfusionError
+from symfusion.fusion import FUSION_METHODS, merge_models
 from symfusion.fusion.common import batches_of
 from tiny_models import tiny_model
 
@@ -35,3 +36,29 @@ def test_each_model_gets_its_own_batches(monkeypatch, module, statistic):
     assert [m for m, _ in seen] == models and [b for _, b in seen] == own
     shared = merge_models(module.__name__.rsplit(".", 1)[1], models, own[0])
     assert any(not torch.allclose(per_model[k], shared[k]) for k in per_model)
+
+
+@pytest.mark.parametrize("name", ["fisher", "regmean"])
+def test_precomputed_statistics_give_the_same_merge_bit_for_bit(name):
+    """F_i / G_i computed once (model_statistic) and given to the merge: the merge computed in one go."""
+    models = [tiny_model("vit", seed=s) for s in (1, 2)]
+    own = [pixel_batches(3), pixel_batches(4)]
+    method = FUSION_METHODS[name]
+    both = [method.model_statistic(m, b) for m, b in zip(models, own)]
+    reference = merge_models(name, models, own)
+    for statistics, batches in (([both[0], None], own), (both, own), (both, None)):
+        merged = merge_models(name, models, batches, statistics=statistics)
+        assert merged.keys() == reference.keys()
+        assert all(torch.equal(merged[k], reference[k]) for k in reference)
+    swapped = merge_models(name, models, None, statistics=[both[1], both[0]])   # each other's statistics
+    assert any(not torch.allclose(swapped[k], reference[k]) for k in reference)
+
+
+def test_statistics_are_refused_by_a_method_without_one_and_must_match_the_models():
+    models = [tiny_model("vit", seed=s) for s in (1, 2)]
+    with pytest.raises(SymfusionError, match="takes no precomputed statistics"):
+        merge_models("simple", models, None, statistics=[None, None])
+    with pytest.raises(SymfusionError, match="3 statistics for 2 models"):
+        merge_models("fisher", models, pixel_batches(0), statistics=[None, None, None])
+    with pytest.raises(SymfusionError, match="needs data batches"):
+        merge_models("regmean", models, None, statistics=[None, None])

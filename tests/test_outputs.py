@@ -151,3 +151,23 @@ def test_a_second_writer_of_the_same_output_fails_clearly(tmp_path):
     again = claim_output(tmp_path / "model", "test", FOLDER, is_dir=True)     # free once the first is done
     again.release()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_claim_that_writes_nothing_removes_only_the_folders_it_made(tmp_path):
+    recognise = lambda path: False  # noqa: E731
+    (tmp_path / "kept").mkdir()
+    claim = claim_output(tmp_path / "kept" / "a" / "b" / "out.json", "stage", recognise)
+    assert (tmp_path / "kept" / "a" / "b").is_dir()
+    claim.release()
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "a").exists()
+
+    claim = claim_output(tmp_path / "kept" / "a" / "out.json", "stage", recognise)
+    (tmp_path / "kept" / "a" / "other").write_text("someone else's")     # not empty any more: left alone
+    claim.release()
+    assert (tmp_path / "kept" / "a" / "other").read_text() == "someone else's"
+
+    claim = claim_output(tmp_path / "new" / "out.json", "stage", recognise)
+    with claim.writing() as tmp:
+        tmp.write_text("{}")
+    claim.release()
+    assert (tmp_path / "new" / "out.json").read_text() == "{}"

@@ -1,4 +1,4 @@
-"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -evaluate, -barrier, -layers, -multimodel, -report.
+"""The Hydra entry points of the stages: symfusion-data, -train, -match, -merge, -statistics, -evaluate, -barrier, -layers, -multimodel, -report.
 
 symfusion-worker runs the pipeline's warm worker (warm.py): the stages imported once, a forked child per job.
 
@@ -135,16 +135,30 @@ def merge_command(cfg: DictConfig) -> None:
         eval_tasks = _tasks(cfg, "eval_tasks") or [_task(cfg)]
         reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks,
                                      _container(cfg.get("eval_heads")), _resolved(cfg), tasks=tasks,
-                                     precision=cfg.precision)
+                                     precision=cfg.precision, statistics=_container(cfg.get("statistics")))
         for report in reports:
             summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
             print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
                   f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
         return
     report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, _resolved(cfg),
-                       tasks=tasks, precision=cfg.precision)
+                       tasks=tasks, precision=cfg.precision, statistics=_container(cfg.get("statistics")))
     print(f"merged {len(report['models'])} models with {report['method']} "
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
+
+
+@report_errors
+def statistics_command(cfg: DictConfig) -> None:
+    """symfusion-statistics task=NAME model_dir=DIR methods=[fisher,regmean] output=FILE.safetensors
+    [method_options={fisher: {num_batches: 2}}]: one model's Fisher / Gram statistics, for merges that fuse it unmoved"""
+    from symfusion.stages.merge import fusion_config
+    from symfusion.stages.statistics import run_statistics
+
+    options = _container(cfg.get("method_options")) or {}
+    fusions = [fusion_config(name, options.get(name)) for name in _container(cfg.methods)]
+    report = run_statistics(cfg.model_dir, fusions, _task(cfg), cfg.output, _resolved(cfg), precision=cfg.precision)
+    took = ", ".join(f"{m} {s:.2f}s" for m, s in report["seconds"].items())
+    print(f"statistics of {report['model']} on {report['task']} ({took}) -> {cfg.output}")
 
 
 @report_errors
@@ -236,7 +250,10 @@ CHECKS = {
     "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
               "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
               "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),
-              "eval_heads": listing(text(), 1, optional=True), "precision": PRECISION, **TASK_CHECKS},
+              "eval_heads": listing(text(), 1, optional=True), "precision": PRECISION,
+              "statistics": listing(text(), 1, optional=True), **TASK_CHECKS},
+    "statistics": {"model_dir": PATH, "methods": listing(text(), 1), "method_options": mapping(optional=True),
+                   "output": PATH, "precision": PRECISION, **TASK_CHECKS},
     "evaluate": {"model_dir": PATH, "output": PATH, "split": SPLIT, "head_from": text(optional=True),
                  "precision": PRECISION,
                  "tasks": listing(text(), 1, optional=True), "heads": listing(text(), 1, optional=True),
@@ -314,16 +331,16 @@ def entry(config_name: str, command):
 
 
 COMMANDS = {"data": data_command, "train": train_command, "match": match_command, "merge": merge_command,
-            "evaluate": evaluate_command, "barrier": barrier_command, "layers": layers_command,
-            "multimodel": multimodel_command, "report": report_command}
-data_main, train_main, match_main, merge_main, evaluate_main, barrier_main, layers_main, multimodel_main, \
-    report_main = (entry(name, command) for name, command in COMMANDS.items())
+            "statistics": statistics_command, "evaluate": evaluate_command, "barrier": barrier_command,
+            "layers": layers_command, "multimodel": multimodel_command, "report": report_command}
+data_main, train_main, match_main, merge_main, statistics_main, evaluate_main, barrier_main, layers_main, \
+    multimodel_main, report_main = (entry(name, command) for name, command in COMMANDS.items())
 
 # What the warm worker imports before it forks: every stage, so that no job imports torch or transformers again.
 WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.tasks", "symfusion.matching",
                   "symfusion.stages.data", "symfusion.stages.train", "symfusion.stages.match",
-                  "symfusion.stages.merge", "symfusion.stages.evaluate", "symfusion.stages.barrier",
-                  "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts",
+                  "symfusion.stages.merge", "symfusion.stages.statistics", "symfusion.stages.evaluate",
+                  "symfusion.stages.barrier", "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts",
                   "transformers.models.auto.tokenization_auto")
 # ... and what the stages import lazily when a job needs it (each cost a forked job 1-3 CPU s): the
 # pipeline's packages (metrics, optimal transport, spaCy; skipped when not installed) and, in

@@ -97,6 +97,7 @@ class Claim:
     is_dir: bool
     lock_fd: int | None = None
     written: bool = field(default=False)
+    created: list[Path] = field(default_factory=list)   # parent folders this claim made, outermost first
 
     def release(self) -> None:
         if self.lock_fd is not None:
@@ -108,6 +109,13 @@ class Claim:
                 pass
             os.close(self.lock_fd)
             self.lock_fd = None
+        if not self.written:                  # nothing written: the folders made for it go again (if still empty)
+            for folder in reversed(self.created):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            self.created = []
 
     @contextmanager
     def writing(self):
@@ -197,6 +205,7 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
     `recognise(path)` says whether an existing path is a previous output of this stage.
     """
     path = check_output_path(output, inputs, what)
+    created = [p for p in reversed(path.parents) if not os.path.lexists(p)]   # made below, outermost first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -209,7 +218,7 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
     except OSError as error:
         raise SymfusionError(f"{what}={output}: cannot write in {path.parent} ({error.strerror}); "
                              "choose a writable location") from error
-    claim = Claim(path=path, is_dir=is_dir, lock_fd=fd)
+    claim = Claim(path=path, is_dir=is_dir, lock_fd=fd, created=created)
     try:
         recover_leftovers(path)
         if os.path.lexists(path):

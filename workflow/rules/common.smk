@@ -72,6 +72,39 @@ def source_dir(track, group, source, anchor, matching):
     return matched_dir(track, group, source, anchor, matching)
 
 
+def statistics_file(track, group, name):
+    return rules.statistics.output[0].format(track=track, group=group, name=name)
+
+
+def merged_pairs(track):
+    """(source, anchor) of every pairwise merge of a track."""
+    if track == "vision":
+        return VISION_PAIRS
+    return [pair for datasets in (LANG["emotion"], LANG["ner"]) for pair in lang_pairs(datasets)]
+
+
+def shares_statistics(track, name):
+    """Whether several merges fuse this end model unmoved (every matching of a pair keeps its anchor; only the
+    unmatched merge keeps its source; the NER group merge keeps all its models unmatched): then its Fisher /
+    Gram statistics are computed once, by the statistics rule."""
+    pairs = merged_pairs(track)
+    as_anchor, as_source = sum(a == name for _, a in pairs), sum(s == name for s, _ in pairs)
+    return as_anchor > 0 or as_source > 1 or (track == "lang" and as_source > 0 and name in LANG["ner"])
+
+
+def unmoved_statistics(track, group, names):
+    """The statistics files of the models among `names` (fused unmoved) that share theirs (none when the
+    profile sets share_statistics: false)."""
+    if not SETTINGS["share_statistics"]:
+        return []
+    return [statistics_file(track, group, n) for n in names if shares_statistics(track, n)]
+
+
+def statistics_option(wildcards, input):
+    """symfusion-merge's statistics=[..] override for a rule's input.statistics (nothing when there are none)."""
+    return f"'statistics=[{','.join(input.statistics)}]'" if input.statistics else ""
+
+
 def end_eval(track, group, name):
     return rules.evaluate_end_model.output[0].format(track=track, group=group, name=name)
 

@@ -9,6 +9,7 @@ rule lang_merge_pair:
         anchor=model_dir("lang", "{lmodel}", "{anchor}"),
         source=lambda w: source_dir("lang", w.lmodel, w.source, w.anchor, w.matching),
         source_head=model_dir("lang", "{lmodel}", "{source}"),
+        statistics=lambda w: unmoved_statistics("lang", w.lmodel, [w.anchor] + ([w.source] if w.matching == "none" else [])),
     output:
         [f"{RESULTS}/lang/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
@@ -16,6 +17,7 @@ rule lang_merge_pair:
         methods=",".join(LANG_METHODS),
         options=lambda w: method_options(w.lmodel, w.anchor),
         eval_dir=lambda w, output: os.path.dirname(output[0]),
+        statistics=statistics_option,
     log:
         f"{LOGS}/lang/{{lmodel}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
@@ -29,13 +31,14 @@ rule lang_merge_pair:
         "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={wildcards.anchor} 'methods=[{params.methods}]' "
         "{params.options} profile={params.profile} 'models=[{input.anchor},{input.source}]' "
         "'tasks=[{wildcards.anchor},{wildcards.source}]' 'eval_tasks=[{wildcards.anchor},{wildcards.source}]' "
-        "'eval_heads=[{input.anchor},{input.source_head}]' eval_dir={params.eval_dir} > {log} 2>&1"
+        "'eval_heads=[{input.anchor},{input.source_head}]' {params.statistics} eval_dir={params.eval_dir} > {log} 2>&1"
 
 
 rule lang_merge_group:
     input:
         anchor=model_dir("lang", "{lmodel}", LANG["ner"][0]),
         sources=lambda w: [source_dir("lang", w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
+        statistics=lambda w: unmoved_statistics("lang", w.lmodel, LANG["ner"] if w.matching == "none" else LANG["ner"][:1]),
     output:
         [f"{RESULTS}/lang/{{lmodel}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
@@ -46,6 +49,7 @@ rule lang_merge_group:
         models=lambda w, input: ",".join([input.anchor] + list(input.sources)),
         tasks=",".join(LANG["ner"]),
         eval_dir=lambda w, output: os.path.dirname(output[0]),
+        statistics=statistics_option,
     log:
         f"{LOGS}/lang/{{lmodel}}/merge_group/ner/{{matching}}.log",
     benchmark:
@@ -57,7 +61,7 @@ rule lang_merge_group:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={params.ood} 'methods=[{params.methods}]' {params.options} "
-        "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' eval_dir={params.eval_dir} "
+        "profile={params.profile} 'models=[{params.models}]' 'tasks=[{params.tasks}]' {params.statistics} eval_dir={params.eval_dir} "
         "> {log} 2>&1"
 
 

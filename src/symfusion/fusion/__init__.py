@@ -6,7 +6,8 @@ options (names, defaults, validation) and whether it reads data. Every merge has
 and returns a state dict with the anchor's keys, shapes and dtypes. `models[0]` is the anchor;
 the others are sources, usually already matched onto it (statistics such as Fisher and Gram
 matrices are then computed on the matched models, as they must be). `batches` are inputs of
-the task (dicts a model's forward takes, with `labels`), for methods that read data.
+the task (dicts a model's forward takes, with `labels`), for methods that read data. Fisher and
+RegMean read them through one statistic per model (F_i, G_i), which a caller may precompute.
 conf/fusion/<name>.yaml holds the values the pipeline uses; `check_fusion_config` checks it.
 """
 from __future__ import annotations
@@ -41,6 +42,8 @@ def check_fusion_config(config: Mapping[str, Any]) -> FusionMethod:
     return method
 
 
-def merge_models(method: str, models: list, batches: list[dict] | None = None, **options) -> dict:
-    """Fuse `models` (anchor first) with the named method; returns the merged state dict."""
-    return fusion_method(method).merge(models, batches, **options)
+def merge_models(method: str, models: list, batches: list[dict] | None = None, statistics: list | None = None,
+                 **options) -> dict:
+    """Fuse `models` (anchor first) with the named method; returns the merged state dict. `statistics`:
+    per model, its precomputed statistic or None (methods that declare one: Fisher, RegMean)."""
+    return fusion_method(method).merge(models, batches, statistics, **options)

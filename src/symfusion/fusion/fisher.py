@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from symfusion.errors import SymfusionError
-from symfusion.fusion.common import batches_of, first_examples
+from symfusion.fusion.common import first_examples
 from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
@@ -160,14 +160,16 @@ def _weighted(weights: list[torch.Tensor], states: list[dict], name: str) -> tor
     return (total / sum(weights)).to(states[0][name].dtype)
 
 
-def _fuse(models: list, batches: list, epsilon: float, normalize: str, plain_average: list[str],
-          num_examples: int | None, chunk_size: int) -> dict:
+def _statistic(model: nn.Module, batches: list[dict], num_examples: int | None, chunk_size: int) -> dict:
+    """F_i: model i's diagonal Fisher on the first `num_examples` examples of its batches."""
+    return diagonal_fisher(model, first_examples(batches, num_examples), chunk_size=chunk_size)
+
+
+def _fuse(models: list, fishers: list[dict], epsilon: float, normalize: str, plain_average: list[str]) -> dict:
     """Fisher-weighted average of every parameter (plain average where no model has a gradient, and for
     names containing a `plain_average` part); buffers and non-float tensors from the anchor.
-    `batches`: shared, or one list per model; each model's Fisher on its first `num_examples` examples."""
+    `fishers`: F_i of each model (`_statistic`)."""
     states = [m.state_dict() for m in models]
-    fishers = [diagonal_fisher(m, first_examples(batches_of(batches, i), num_examples), chunk_size=chunk_size)
-               for i, m in enumerate(models)]
     merged = average_states(states)  # kept for parameters without any gradient (all F_i = 0)
     for key, tensor in states[0].items():
         if key not in fishers[0]:
@@ -181,6 +183,7 @@ def _fuse(models: list, batches: list, epsilon: float, normalize: str, plain_ave
 
 METHOD = FusionMethod(
     "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True,
+    statistic=_statistic, statistic_options=("num_examples", "chunk_size"),
     options=(
         Option("num_examples", {"vit": 1000, "default": None},
                "examples per model the Fisher is estimated on (null: every example given)",

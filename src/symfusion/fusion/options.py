@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from symfusion.arch import FAMILIES
 from symfusion.errors import SymfusionError
+from symfusion.fusion.common import batches_of
 
 # Keys of conf/fusion/<name>.yaml that the merge stage reads itself: never passed to the method.
 STAGE_KEYS = ("name", "num_batches")
@@ -68,13 +69,21 @@ class Option:
 
 @dataclass(frozen=True)
 class FusionMethod:
-    """A fusion method: `fuse(models, batches, **options)` with every declared option resolved."""
+    """A fusion method: `fuse(models, batches, **options)` with every declared option resolved.
+
+    A method whose data enters through one statistic per model (Fisher: F_i; RegMean: G_i) declares it:
+    `statistic(model, batches, **statistic options)` computes model i's from its own batches, and
+    `fuse(models, statistics, **other options)` combines them. Such a statistic can then be computed
+    once for a model and given to every merge that fuses it unmoved (stages/statistics.py).
+    """
 
     name: str
     fuse: Callable[..., dict]
     summary: str
     options: tuple[Option, ...] = ()
     reads_data: bool = False            # needs statistic batches (the stage loads fusion.num_batches of them)
+    statistic: Callable[..., dict] | None = None   # one model's statistic from its batches (tensors by name)
+    statistic_options: tuple[str, ...] = ()        # the options `statistic` takes; `fuse` gets the others
     _by_name: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -90,14 +99,40 @@ class FusionMethod:
             return 0
         return self.resolve({k: v for k, v in config.items() if k not in STAGE_KEYS}, family).get("num_examples")
 
-    def merge(self, models: list, batches: list | None = None, **options) -> dict:
-        """Fuse `models` (anchor first): options checked and resolved for the models' family, then `fuse`."""
+    def merge(self, models: list, batches: list | None = None, statistics: list | None = None, **options) -> dict:
+        """Fuse `models` (anchor first): options checked and resolved for the models' family, then `fuse`.
+
+        `statistics` (methods with a `statistic` only): one entry per model, its precomputed statistic
+        (`model_statistic` with the same options and batches) or None to compute it here."""
         if len(models) < 2:
             raise SymfusionError(f"fusion needs at least two models, got {len(models)}")
         values = self.resolve(options, family_of_models(models))
-        if self.reads_data and not batches:
+        given = list(statistics) if statistics is not None else [None] * len(models)
+        if self.statistic is None and statistics is not None:
+            raise SymfusionError(f"fusion method {self.name!r} takes no precomputed statistics")
+        if len(given) != len(models):
+            raise SymfusionError(f"{len(given)} statistics for {len(models)} models: give one (or None) per model")
+        if self.reads_data and not batches and any(s is None for s in given):
             raise SymfusionError(f"fusion method {self.name!r} needs data batches (set fusion.num_batches > 0)")
-        return self.fuse(models, batches, **values)
+        if self.statistic is None:
+            return self.fuse(models, batches, **values)
+        own = {k: v for k, v in values.items() if k in self.statistic_options}
+        computed = [s if s is not None else self.statistic(m, batches_of(batches, i), **own)
+                    for i, (m, s) in enumerate(zip(models, given))]
+        return self.fuse(models, computed, **{k: v for k, v in values.items() if k not in self.statistic_options})
+
+    def model_statistic(self, model, batches: list, **options) -> dict:
+        """The statistic a merge with these options computes for `model` from `batches` (its own)."""
+        if self.statistic is None:
+            raise SymfusionError(f"fusion method {self.name!r} has no per-model statistic")
+        if not batches:
+            raise SymfusionError(f"fusion method {self.name!r} needs data batches (set fusion.num_batches > 0)")
+        return self.statistic(model, batches, **self.statistic_settings(options, family_of_models([model])))
+
+    def statistic_settings(self, options: Mapping[str, Any], family: str | None) -> dict:
+        """The resolved options the statistic depends on (what identifies a precomputed one, with its data)."""
+        values = self.resolve(options, family)
+        return {k: v for k, v in values.items() if k in self.statistic_options}
 
     def resolve(self, options: Mapping[str, Any], family: str | None) -> dict:
         """Every declared option's value for `family` (defaults filled in), each checked."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from symfusion.errors import SymfusionError
-from symfusion.fusion.common import batches_of, first_examples
+from symfusion.fusion.common import first_examples
 from symfusion.fusion.options import FusionMethod, Option
 from symfusion.fusion.simple import average_states
 
@@ -87,15 +87,18 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.cholesky_solve(rhs, factor)  # two triangular solves with the factor above
 
 
-def _fuse(models: list, batches: list, alpha: float, anchor_keys: list[str], num_examples: int | None) -> dict:
+def _statistic(model: nn.Module, batches: list[dict], num_examples: int | None) -> dict:
+    """G_i: model i's Gram matrices on the first `num_examples` examples of its batches."""
+    return gram_matrices(model, first_examples(batches, num_examples))
+
+
+def _fuse(models: list, grams: list[dict], alpha: float, anchor_keys: list[str]) -> dict:
     """W^T = (sum_i G'_i)^-1 sum_i G'_i W_i^T for every linear layer, G' = alpha G + (1-alpha) diag(G);
-    everything else simply averaged, `anchor_keys` from the anchor. `batches`: shared by all models,
-    or one list per model (each model's Gram on its own data, its first `num_examples` examples)."""
+    everything else simply averaged, `anchor_keys` from the anchor. `grams`: G_i of each model (`_statistic`)."""
     states = [m.state_dict() for m in models]
     missing = sorted(set(anchor_keys) - set(states[0]))
     if missing:
         raise SymfusionError(f"regmean: anchor_keys names {missing[0]!r}, which the models do not have")
-    grams = [gram_matrices(m, first_examples(batches_of(batches, i), num_examples)) for i, m in enumerate(models)]
     merged = average_states(states)
     for name in grams[0]:
         key = f"{name}.weight"
@@ -112,6 +115,7 @@ def _fuse(models: list, batches: list, alpha: float, anchor_keys: list[str], num
 
 METHOD = FusionMethod(
     "regmean", _fuse, "closed-form merge of every linear layer from its input Gram matrices", reads_data=True,
+    statistic=_statistic, statistic_options=("num_examples",),
     options=(
         Option("alpha", {"vit": 0.0, "default": 0.1},
                "scale of the off-diagonal Gram entries (0: diagonal Gram matrices)",

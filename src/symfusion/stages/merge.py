@@ -17,7 +17,10 @@ from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.training import autocast, use_autocast
+from symfusion.fusion.common import batches_of
 from symfusion.stages.common import load_models, matching_of
+from symfusion.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
+                                         statistic_identity)
 from symfusion.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
 
 # Fusion options that select data rather than being passed to the method.
@@ -66,19 +69,48 @@ def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) ->
     return cache[count]
 
 
+def precomputed_statistics(method: str, fusion: dict, loaded: list, batches: list | None, files: StatisticFiles,
+                           digests: dict, precision: str) -> list | None:
+    """(per model, its statistic from `files` (symfusion-statistics) when one has its identity, else None;
+    the seconds those took to compute), or (None, 0) when the method has no statistic or no file is given.
+    `digests` caches the models' and batches' sha256 (by object, kept alive) across one process's methods."""
+    if not files.paths or method not in STATISTIC_METHODS or not batches:
+        return None, 0.0
+
+    def digest(obj, compute):
+        if id(obj) not in digests:
+            digests[id(obj)] = (obj, compute(obj))
+        return digests[id(obj)][1]
+
+    device = next(loaded[0].parameters()).device
+    found, seconds = [], 0.0
+    for i, model in enumerate(loaded):
+        own = batches_of(batches, i)
+        identity = statistic_identity(method, fusion, model.config.model_type, digest(model, model_digest),
+                                      digest(own, batches_digest), f"{precision}@{device.type}")
+        hit = files.lookup(identity)
+        found.append(None if hit is None else {k: v.to(device) for k, v in hit[0].items()})
+        seconds += 0.0 if hit is None else hit[1]
+    return found, seconds
+
+
 def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
-                batch_cache: dict, precision: str = "auto") -> tuple[torch.nn.Module, dict]:
-    """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged."""
+                batch_cache: dict, precision: str = "auto", files: StatisticFiles | None = None,
+                digests: dict | None = None) -> tuple[torch.nn.Module, dict]:
+    """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged.
+    `files`: precomputed statistics (stages/statistics.py) used for the models they fit."""
     method = check_fusion(fusion)
     for i, statistics_task in enumerate(tasks):
         statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}")
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
     batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()
+    statistics, elsewhere = precomputed_statistics(method, fusion, loaded, batches, files or StatisticFiles(None),
+                                                   {} if digests is None else digests, precision)
     device = next(loaded[0].parameters()).device
     with autocast(device, use_autocast(precision, device)):      # the statistic passes (Fisher, Gram, OT)
-        merged_state = merge_models(method, loaded, batches, **options)
-    seconds = time.perf_counter() - start
+        merged_state = merge_models(method, loaded, batches, statistics, **options)
+    seconds = time.perf_counter() - start + elsewhere   # a precomputed statistic's time counts as the merge's
     check_finite(merged_state, f"merged model ({method})")
     merged = copy.deepcopy(loaded[0]).to("cpu")
     merged.load_state_dict({k: v.cpu() for k, v in merged_state.items()})
@@ -86,6 +118,8 @@ def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, 
         "method": method, "matching": matching_of(Path(models[-1])), "models": list(models),
         "task": task.name, "statistics_tasks": [t.name for t in tasks], "fusion": fusion, "seconds": seconds,
         "statistic_examples": statistic_examples(method, fusion, batches, loaded[0].config.model_type),
+        "precomputed_statistics": [] if statistics is None else [models[i] for i, s in enumerate(statistics)
+                                                                 if s is not None],
     }
     return merged, report
 
@@ -95,16 +129,20 @@ MERGE_MARKER = folder_marker("merge.json", ("method", "models"))
 
 
 def run_merge(models: list[str], fusion: dict, task, output: str, resolved_config: dict | None = None,
-              tasks: list | None = None, precision: str = "auto") -> dict:
+              tasks: list | None = None, precision: str = "auto", statistics: list[str] | None = None) -> dict:
     """Merge `models` (anchor first) with one fusion method and write `output` atomically.
 
     `tasks` (one per model) makes Fisher / RegMean statistics use each model's own task data;
-    otherwise every model's statistics use `task`.
+    otherwise every model's statistics use `task`. `statistics`: files of symfusion-statistics whose
+    statistics are used for the models they fit (each file must fit one).
     """
     check_fusion(fusion)
-    with safe_output(output, "symfusion-merge", MERGE_MARKER, inputs=models or [], is_dir=True) as claim:
+    files = StatisticFiles(statistics)
+    with safe_output(output, "symfusion-merge", MERGE_MARKER, inputs=list(models or []) + files.paths,
+                     is_dir=True) as claim:
         loaded = [m.to(compute_device()) for m in load_models(models)]
-        merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {}, precision)
+        merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {}, precision, files)
+        files.check_all_used()
         report["provenance"] = provenance(resolved_config)
         with claim.writing() as tmp:
             merged.save_pretrained(str(tmp), safe_serialization=True)
@@ -115,7 +153,8 @@ def run_merge(models: list[str], fusion: dict, task, output: str, resolved_confi
 
 def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: str, eval_tasks: list,
                        eval_heads: list | None = None, resolved_config: dict | None = None,
-                       tasks: list | None = None, precision: str = "auto") -> list[dict]:
+                       tasks: list | None = None, precision: str = "auto",
+                       statistics: list[str] | None = None) -> list[dict]:
     """Merge `models` with each fusion method in turn and evaluate every merged model in this process.
 
     Writes eval_dir/<method>.json (as symfusion-evaluate writes, plus the merge's timing) and no model
@@ -127,18 +166,21 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
         raise SymfusionError(f"methods={methods}: give one or more distinct fusion methods")
     if not eval_dir:
         raise SymfusionError("eval_dir=DIR is required (where <method>.json of each merged model is written)")
-    inputs = list(models or []) + [h for h in (eval_heads or []) if h]
+    files = StatisticFiles(statistics)
+    inputs = list(models or []) + [h for h in (eval_heads or []) if h] + files.paths
     with ExitStack() as stack:
         claims = [stack.enter_context(safe_output(Path(eval_dir) / f"{m}.json", "symfusion-merge", EVAL_MARKER,
                                                   inputs=inputs, what="eval_dir")) for m in methods]
         loaded = [m.to(compute_device()) for m in load_models(models)]
-        stamp, batch_cache, reports = provenance(resolved_config), {}, []
+        stamp, batch_cache, digests, reports = provenance(resolved_config), {}, {}, []
         for fusion in fusions:
-            merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision)
+            merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision,
+                                        files, digests)
             start = time.perf_counter()
             results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads, precision=precision)
             origin = {**merge_origin(merge), "fusion": fusion}
             reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start, stamp))
+        files.check_all_used()
         for claim, report in zip(claims, reports):   # written together at the end: no partial set on failure
             with claim.writing() as tmp:
                 write_json(report, tmp)
