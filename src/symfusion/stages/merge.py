@@ -13,11 +13,11 @@ from symfusion.arch import check_finite
 from symfusion.config import group_path
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
+from symfusion.fusion.common import batches_of
 from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.training import autocast, use_autocast
-from symfusion.fusion.common import batches_of
 from symfusion.stages.common import load_models, matching_of
 from symfusion.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
                                          statistic_identity)
@@ -70,7 +70,7 @@ def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) ->
 
 
 def precomputed_statistics(method: str, fusion: dict, loaded: list, batches: list | None, files: StatisticFiles,
-                           digests: dict, precision: str) -> list | None:
+                           digests: dict, precision: str) -> tuple[list | None, float]:
     """(per model, its statistic from `files` (symfusion-statistics) when one has its identity, else None;
     the seconds those took to compute), or (None, 0) when the method has no statistic or no file is given.
     `digests` caches the models' and batches' sha256 (by object, kept alive) across one process's methods."""

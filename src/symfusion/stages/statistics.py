@@ -127,7 +127,8 @@ class StatisticFiles:
         unused = [p for p in self.paths if p not in self.used]
         if unused:
             raise SymfusionError(f"statistics file {unused[0]} fits none of the models of this merge (computed from "
-                                 "other weights, data, options or precision); recompute it with symfusion-statistics")
+                                 "other weights, data, options or precision, or for methods this merge does not "
+                                 "run); recompute it with symfusion-statistics or leave it out")
 
 
 def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resolved_config: dict | None = None,
