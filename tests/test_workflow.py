@@ -40,3 +40,15 @@ def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
     paper, rehearsal = job_counts("paper"), job_counts("rehearsal")
     assert paper == rehearsal
     assert paper["train"] == 3 + 2 * 12 and paper["merge_evaluate"] == 3 * 5     # 3 ViT seeds: 3 pairs
+
+
+def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
+    """scripts/check_slurm.sh finds a GPU rule missing from the SLURM profile only after the whole run: here, at once."""
+    rules_text = "\n".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+    blocks = re.split(r"^rule (\w+):\n", rules_text, flags=re.M)[1:]
+    gpu_rules = {name for name, body in zip(blocks[::2], blocks[1::2]) if re.search(r"^\s+gpu=1,?$", body, re.M)}
+    assert {"train", "merge_evaluate", "statistics"} <= gpu_rules
+    profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    resources = profile["set-resources"]
+    missing = sorted(r for r in gpu_rules if resources.get(r, {}).get("slurm_partition") != "?repr(gpu_partition)")
+    assert not missing, f"rules with gpu=1 but not the GPU partition in workflow/profiles/slurm/config.yaml: {missing}"
