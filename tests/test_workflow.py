@@ -8,6 +8,8 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from symfusion import warm
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
 PROFILES = sorted((ROOT / "conf" / "profile").glob("*.yaml"))
@@ -52,3 +54,19 @@ def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
     resources = profile["set-resources"]
     missing = sorted(r for r in gpu_rules if resources.get(r, {}).get("slurm_partition") != "?repr(gpu_partition)")
     assert not missing, f"rules with gpu=1 but not the GPU partition in workflow/profiles/slurm/config.yaml: {missing}"
+
+
+def test_statistics_are_shared_exactly_by_the_models_several_merges_fuse_unmoved():
+    """mini: the ViT anchor (seed0) is fused unmoved by its pair's every matching, the source (seed1) only by the
+    unmatched merge; each text model anchors a pair, or is the source of two unmatched pair merges (rt_d2), or
+    is fused unmoved by the unmatched NER group merge besides its pair's (ner_headlines): 1 + 6 files."""
+    counts = job_counts("mini")
+    assert counts["statistics"] == 1 + 6
+    assert counts["statistics"] < counts["train"]
+
+
+def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
+    """worker.smk cannot import symfusion (the Snakefile runs where the package may be absent): its copy of
+    the variable's name must be warm.py's."""
+    text = (ROOT / "workflow" / "rules" / "worker.smk").read_text()
+    assert re.search(r'^WORKER_VARIABLE = "(\w+)"', text, re.M).group(1) == warm.VARIABLE

@@ -16,6 +16,7 @@ TABLE2_MATCHINGS = ["none", "rotation_no_rescale", "rotation"]
 FIG3_MATCHINGS = ["none", "ffn_only", "attn_only", "rotation_no_rescale", "rotation"]
 FIG4_MATCHINGS = ["none", "git_rebasin", "ot_ffn", "rotation_no_rescale", "rotation"]
 FIG5_MATCHINGS = ["none", "attn_only", "ffn_only", "rotation"]
+VISION_MATCHINGS = sorted(set(TABLE2_MATCHINGS + FIG3_MATCHINGS + FIG4_MATCHINGS + FIG5_MATCHINGS))
 
 LANG_MODELS = LANG["models"]
 LANG_OOD = LANG["ner_ood"]
@@ -83,13 +84,23 @@ def merged_pairs(track):
     return [pair for datasets in (LANG["emotion"], LANG["ner"]) for pair in lang_pairs(datasets)]
 
 
+def unmoved(models, matching):
+    """The models a merge fuses as they are (its anchor first): all of them when unmatched, else the anchor."""
+    return list(models) if matching == "none" else list(models[:1])
+
+
+def merges_of(track):
+    """(models, matching) of every merge a track runs: each pair under each matching, and (language) the NER
+    group under each matching."""
+    matchings = VISION_MATCHINGS if track == "vision" else LANG_MATCHINGS
+    groups = [[a, s] for s, a in merged_pairs(track)] + ([LANG["ner"]] if track == "lang" else [])
+    return [(models, m) for models in groups for m in matchings]
+
+
 def shares_statistics(track, name):
-    """Whether several merges fuse this end model unmoved (every matching of a pair keeps its anchor; only the
-    unmatched merge keeps its source; the NER group merge keeps all its models unmatched): then its Fisher /
-    Gram statistics are computed once, by the statistics rule."""
-    pairs = merged_pairs(track)
-    as_anchor, as_source = sum(a == name for _, a in pairs), sum(s == name for s, _ in pairs)
-    return as_anchor > 0 or as_source > 1 or (track == "lang" and as_source > 0 and name in LANG["ner"])
+    """Whether several merges fuse this end model unmoved (counted over merges_of with the rules' own
+    `unmoved`): then its Fisher / Gram statistics are computed once, by the statistics rule."""
+    return sum(name in unmoved(models, m) for models, m in merges_of(track)) > 1
 
 
 def unmoved_statistics(track, group, names):

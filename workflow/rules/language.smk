@@ -9,7 +9,7 @@ rule lang_merge_pair:
         anchor=model_dir("lang", "{lmodel}", "{anchor}"),
         source=lambda w: source_dir("lang", w.lmodel, w.source, w.anchor, w.matching),
         source_head=model_dir("lang", "{lmodel}", "{source}"),
-        statistics=lambda w: unmoved_statistics("lang", w.lmodel, [w.anchor] + ([w.source] if w.matching == "none" else [])),
+        statistics=lambda w: unmoved_statistics("lang", w.lmodel, unmoved([w.anchor, w.source], w.matching)),
     output:
         [f"{RESULTS}/lang/{{lmodel}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:
@@ -38,7 +38,7 @@ rule lang_merge_group:
     input:
         anchor=model_dir("lang", "{lmodel}", LANG["ner"][0]),
         sources=lambda w: [source_dir("lang", w.lmodel, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
-        statistics=lambda w: unmoved_statistics("lang", w.lmodel, LANG["ner"] if w.matching == "none" else LANG["ner"][:1]),
+        statistics=lambda w: unmoved_statistics("lang", w.lmodel, unmoved(LANG["ner"], w.matching)),
     output:
         [f"{RESULTS}/lang/{{lmodel}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
     params:

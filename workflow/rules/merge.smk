@@ -35,7 +35,7 @@ rule merge_evaluate:
     input:
         anchor=model_dir("vision", "{task}", "{anchor}"),
         source=matched_dir("vision", "{task}", "{source}", "{anchor}", "{matching}"),
-        statistics=lambda w: unmoved_statistics("vision", w.task, [w.anchor] + ([w.source] if w.matching == "none" else [])),
+        statistics=lambda w: unmoved_statistics("vision", w.task, unmoved([w.anchor, w.source], w.matching)),
     output:
         [f"{RESULTS}/vision/{{task}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
     params:

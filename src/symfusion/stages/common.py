@@ -1,4 +1,4 @@
-"""What several stages share: loading and checking model folders, and checking that a symmetry kept the function."""
+"""What several stages share: loading and checking model folders, fusion statistic batches, and checking that a symmetry kept the function."""
 from __future__ import annotations
 
 import json
@@ -72,6 +72,25 @@ def load_models(paths: list[str], same_shapes: bool = True) -> list[torch.nn.Mod
     if same_shapes:
         check_same_shapes(models, dirs)
     return models
+
+
+def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
+    """Statistic batches: one list shared by all models (one task), or each model's own task's batches."""
+    if len(tasks) == 1:
+        return tasks[0].statistic_batches(num_batches, models[0])
+    if len(tasks) != len(models):
+        raise SymfusionError(f"{len(tasks)} tasks for {len(models)} models: give one task, or one per model")
+    return [task.statistic_batches(num_batches, model) for task, model in zip(tasks, models)]
+
+
+def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) -> list | None:
+    """The statistic batches `fusion` asks for (its num_batches), built once per count and shared by methods."""
+    if "num_batches" not in fusion:
+        return None
+    count = int(fusion["num_batches"])
+    if count not in cache:
+        cache[count] = model_batches(models, tasks, count)
+    return cache[count]
 
 
 def function_change(model: torch.nn.Module, new_state: dict, seed: int = 0, batch_size: int = 2,

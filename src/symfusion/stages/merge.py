@@ -18,22 +18,13 @@ from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.training import autocast, use_autocast
-from symfusion.stages.common import load_models, matching_of
+from symfusion.stages.common import fusion_batches, load_models, matching_of
 from symfusion.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
                                          statistic_identity)
 from symfusion.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
 
 # Fusion options that select data rather than being passed to the method.
 DATA_OPTIONS = STAGE_KEYS
-
-
-def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
-    """Statistic batches: one list shared by all models (one task), or each model's own task's batches."""
-    if len(tasks) == 1:
-        return tasks[0].statistic_batches(num_batches, models[0])
-    if len(tasks) != len(models):
-        raise SymfusionError(f"{len(tasks)} tasks for {len(models)} models: give one task, or one per model")
-    return [task.statistic_batches(num_batches, model) for task, model in zip(tasks, models)]
 
 
 def fusion_config(name: str, overrides: dict | None = None) -> dict:
@@ -59,54 +50,44 @@ def statistic_examples(method: str, fusion: dict, batches: list | None, family: 
     return given if wanted is None else min(given, int(wanted))
 
 
-def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) -> list | None:
-    """The statistic batches `fusion` asks for (its num_batches), built once per count and shared by methods."""
-    if "num_batches" not in fusion:
-        return None
-    count = int(fusion["num_batches"])
-    if count not in cache:
-        cache[count] = model_batches(models, tasks, count)
-    return cache[count]
-
-
-def precomputed_statistics(method: str, fusion: dict, loaded: list, batches: list | None, files: StatisticFiles,
-                           digests: dict, precision: str) -> tuple[list | None, float]:
+def precomputed_statistics(method: str, fusion: dict, loaded: list, model_shas: list[str], batches: list | None,
+                           files: StatisticFiles, precision: str) -> tuple[list | None, float]:
     """(per model, its statistic from `files` (symfusion-statistics) when one has its identity, else None;
     the seconds those took to compute), or (None, 0) when the method has no statistic or no file is given.
-    `digests` caches the models' and batches' sha256 (by object, kept alive) across one process's methods."""
+    model_shas: each loaded model's weight digest (model_digest)."""
     if not files.paths or method not in STATISTIC_METHODS or not batches:
         return None, 0.0
-
-    def digest(obj, compute):
-        if id(obj) not in digests:
-            digests[id(obj)] = (obj, compute(obj))
-        return digests[id(obj)][1]
-
     device = next(loaded[0].parameters()).device
     found, seconds = [], 0.0
     for i, model in enumerate(loaded):
-        own = batches_of(batches, i)
-        identity = statistic_identity(method, fusion, model.config.model_type, digest(model, model_digest),
-                                      digest(own, batches_digest), f"{precision}@{device.type}")
+        identity = statistic_identity(method, fusion, model.config.model_type, model_shas[i],
+                                      batches_digest(batches_of(batches, i)), f"{precision}@{device.type}")
         hit = files.lookup(identity)
         found.append(None if hit is None else {k: v.to(device) for k, v in hit[0].items()})
         seconds += 0.0 if hit is None else hit[1]
     return found, seconds
 
 
+def model_digests(loaded: list, files: StatisticFiles) -> list[str] | None:
+    """Each loaded model's weight digest when statistics files are given (their statistics are found by it)."""
+    return [model_digest(model) for model in loaded] if files.paths else None
+
+
 def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
                 batch_cache: dict, precision: str = "auto", files: StatisticFiles | None = None,
-                digests: dict | None = None) -> tuple[torch.nn.Module, dict]:
+                model_shas: list[str] | None = None) -> tuple[torch.nn.Module, dict]:
     """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged.
-    `files`: precomputed statistics (stages/statistics.py) used for the models they fit."""
+    `files`: precomputed statistics (stages/statistics.py) used for the models they fit; model_shas: the
+    models' digests (model_digests), computed here when not given."""
     method = check_fusion(fusion)
     for i, statistics_task in enumerate(tasks):
         statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}")
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
     batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()
-    statistics, elsewhere = precomputed_statistics(method, fusion, loaded, batches, files or StatisticFiles(None),
-                                                   {} if digests is None else digests, precision)
+    files = files or StatisticFiles(None)
+    model_shas = model_shas or model_digests(loaded, files)
+    statistics, elsewhere = precomputed_statistics(method, fusion, loaded, model_shas, batches, files, precision)
     device = next(loaded[0].parameters()).device
     with autocast(device, use_autocast(precision, device)):      # the statistic passes (Fisher, Gram, OT)
         merged_state = merge_models(method, loaded, batches, statistics, **options)
@@ -172,10 +153,10 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
         claims = [stack.enter_context(safe_output(Path(eval_dir) / f"{m}.json", "symfusion-merge", EVAL_MARKER,
                                                   inputs=inputs, what="eval_dir")) for m in methods]
         loaded = [m.to(compute_device()) for m in load_models(models)]
-        stamp, batch_cache, digests, reports = provenance(resolved_config), {}, {}, []
+        stamp, batch_cache, model_shas, reports = provenance(resolved_config), {}, model_digests(loaded, files), []
         for fusion in fusions:
             merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision,
-                                        files, digests)
+                                        files, model_shas)
             start = time.perf_counter()
             results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads, precision=precision)
             origin = {**merge_origin(merge), "fusion": fusion}

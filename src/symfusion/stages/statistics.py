@@ -29,7 +29,7 @@ from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method
 from symfusion.modelio import compute_device, load_model
 from symfusion.outputs import safe_output
 from symfusion.provenance import provenance
-from symfusion.stages.common import require_folder
+from symfusion.stages.common import fusion_batches, require_folder
 from symfusion.training import autocast, use_autocast
 
 FORMAT = "symfusion-statistics/1"
@@ -78,19 +78,19 @@ def statistic_identity(method: str, fusion: dict, family: str | None, model_sha:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def _file_metadata(path: Path) -> dict | None:
-    """The metadata of a statistics file, None when `path` is not one."""
+def _open_statistics(path: Path):
+    """(an open safetensors handle, its metadata) of a statistics file, None when `path` is not one."""
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
+        handle = safe_open(str(path), framework="pt")
+        metadata = handle.metadata() or {}
     except Exception:  # noqa: BLE001 - not a safetensors file at all
         return None
-    return metadata if metadata.get("format") == FORMAT else None
+    return (handle, metadata) if metadata.get("format") == FORMAT else None
 
 
 def is_statistics_file(path: Path) -> bool:
     """A previous output of this stage: a safetensors file with this stage's format in its metadata."""
-    return path.is_file() and not path.is_symlink() and _file_metadata(path) is not None
+    return path.is_file() and not path.is_symlink() and _open_statistics(path) is not None
 
 
 class StatisticFiles:
@@ -99,13 +99,16 @@ class StatisticFiles:
     def __init__(self, paths: list[str] | None):
         self.paths = [Path(p) for p in paths or []]
         self.identities: dict[str, tuple[Path, str, float]] = {}   # identity -> (file, method, seconds)
+        self.handles: dict[Path, tuple] = {}                         # file -> (open handle, its tensor keys)
         self.used: set[Path] = set()
         for path in self.paths:
             if not path.is_file():
                 raise SymfusionError(f"statistics file {path} does not exist")
-            metadata = _file_metadata(path)
-            if metadata is None:
+            opened = _open_statistics(path)
+            if opened is None:
                 raise SymfusionError(f"{path} is not a statistics file of symfusion-statistics")
+            handle, metadata = opened
+            self.handles[path] = (handle, list(handle.keys()))
             seconds = json.loads(metadata["seconds"])
             for method, identity in json.loads(metadata["statistics"]).items():
                 self.identities[identity] = (path, method, float(seconds[method]))
@@ -117,10 +120,9 @@ class StatisticFiles:
             return None
         path, method, seconds = self.identities[identity]
         self.used.add(path)
+        handle, keys = self.handles[path]
         prefix = f"{method}/"
-        with safe_open(str(path), framework="pt") as handle:
-            tensors = {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys() if key.startswith(prefix)}
-        return tensors, seconds
+        return {key[len(prefix):]: handle.get_tensor(key) for key in keys if key.startswith(prefix)}, seconds
 
     def check_all_used(self) -> None:
         """Raise naming a given file that served no model (other weights, data, options or precision)."""
@@ -155,13 +157,9 @@ def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resol
         model_sha, family = model_digest(model), model.config.model_type
         tensors, identities, seconds, batch_cache = {}, {}, {}, {}
         for fusion, method in zip(fusions, methods):
-            count = int(fusion.get("num_batches", 0))
-            if count < 1:
+            if int(fusion.get("num_batches", 0)) < 1:
                 raise SymfusionError(f"{method}: num_batches must be set (the statistic reads data)")
-            if count not in batch_cache:
-                batches = task.statistic_batches(count, str(folder))
-                batch_cache[count] = (batches, batches_digest(batches))
-            batches, batches_sha = batch_cache[count]
+            batches = fusion_batches([str(folder)], [task], fusion, batch_cache)   # as the merge stage builds them
             options = {k: v for k, v in fusion.items() if k not in STAGE_KEYS}
             start = time.perf_counter()
             with autocast(device, use_autocast(precision, device)):      # as the merge stage computes it
@@ -174,7 +172,7 @@ def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resol
                     tensor = tensor.clone()
                 seen.add(tensor.data_ptr())
                 tensors[f"{method}/{name}"] = tensor
-            identities[method] = statistic_identity(method, fusion, family, model_sha, batches_sha,
+            identities[method] = statistic_identity(method, fusion, family, model_sha, batches_digest(batches),
                                                     f"{precision}@{device.type}")
         report = {"model": str(folder), "task": task.name, "methods": methods, "tensors": len(tensors),
                   "seconds": seconds, "provenance": provenance(resolved_config)}
