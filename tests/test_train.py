@@ -1,14 +1,16 @@
 """Training from scratch: learns a separable task, is seeded, and resumes after an interruption exactly."""
 import json
+import math
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
 import symfusion.tasks.image as train_module
 from symfusion.data.images import ImageDataset
 from symfusion.errors import SymfusionError
-from symfusion.tasks.image import train_image_classifier
+from symfusion.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
 from symfusion.training import warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
@@ -101,3 +103,23 @@ def test_the_bf16_autocast_path_trains_and_saves_float32_weights(tmp_path):
     fp32 = train(tmp_path, "fp32", epochs=1)
     assert json.loads((tmp_path / "fp32" / "train.json").read_text())["bf16_autocast"] is False
     assert fp32["validation_accuracy"] > 0.5
+
+
+def test_image_evaluation_is_the_mean_of_its_per_example_record_whatever_the_batching():
+    """accuracy = mean of the hits; loss = fsum of the per-example cross-entropies / n (each checked against a
+    one-image forward), so a batch size that only regroups the images cannot move the reported means."""
+    data = toy_splits(37)["train"]
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(vit_config(MODEL, data.image_shape, 2)).eval()
+    for batch_size in (5, 37):
+        result = evaluate_image_classifier(model, data, batch_size=batch_size)
+        record = result["per_example"]
+        assert result["n"] == len(record["loss"]) == len(record["correct"]) == 37
+        assert result["accuracy"] == sum(record["correct"]) / 37
+        assert result["loss"] == math.fsum(record["loss"]) / 37
+        for i in (0, 17, 36):
+            with torch.inference_mode():
+                logits = model(pixel_values=data.pixels[i:i + 1]).logits.double()
+            assert record["loss"][i] == pytest.approx(
+                torch.nn.functional.cross_entropy(logits, data.labels[i:i + 1]).item(), rel=1e-6)
+            assert record["correct"][i] == int(logits.argmax(-1).item() == data.labels[i].item())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,22 +32,20 @@ def _splits(source: str, seed: int, limit_json: str, options_json: str) -> dict:
 @torch.inference_mode()
 def evaluate_image_classifier(model: torch.nn.Module, dataset, batch_size: int = 512) -> dict:
     """{"accuracy", "loss" (mean cross-entropy), "n", "per_example": {"correct", "loss"}} of `model` on
-    `dataset` (per_example: the bootstrap's record, uncertainty.py); the model is left in eval mode."""
+    `dataset` (per_example: the bootstrap's record, uncertainty.py); the model is left in eval mode.
+    The mean loss is the correctly rounded sum of the per-example losses (math.fsum) over n: it does not
+    depend on how the examples were batched."""
     model.eval()
     device = next(model.parameters()).device
-    correct, loss_sum, count, hits, losses = 0, 0.0, 0, [], []
+    hits, losses = [], []
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         labels = batch["labels"].to(device)
         logits = model(pixel_values=batch["pixel_values"].to(device)).logits
-        loss_sum += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum").item()
-        hit = logits.argmax(dim=-1) == labels
-        correct += hit.sum().item()
-        count += batch["labels"].shape[0]
-        hits += hit.int().tolist()
+        hits += (logits.argmax(dim=-1) == labels).int().tolist()
         losses += torch.nn.functional.cross_entropy(logits.double(), labels, reduction="none").tolist()
-    if count == 0:
+    if not hits:
         raise SymfusionError("the evaluation split is empty; check the task's limit settings")
-    return {"accuracy": correct / count, "loss": loss_sum / count, "n": count,
+    return {"accuracy": sum(hits) / len(hits), "loss": math.fsum(losses) / len(losses), "n": len(hits),
             "per_example": {"correct": hits, "loss": losses}}
 
 
