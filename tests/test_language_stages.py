@@ -165,12 +165,25 @@ def test_evaluation_does_not_depend_on_example_order(toy_models):
     assert forward["loss"] == pytest.approx(backward["loss"], rel=1e-6)
 
 
-def test_layer_sweep_rows_and_their_closed_forms(toy_models, tmp_path):
+def test_layer_sweep_rows_and_their_closed_forms(toy_models, tmp_path, monkeypatch):
     root, tasks = toy_models
+    calls = []
+    for task in (tasks["a"], tasks["r"]):
+        monkeypatch.setattr(task, "evaluate", lambda *args, _real=task.evaluate, **kw: calls.append(1) or _real(*args, **kw))
     report = run_layer_sweep(str(root / "a"), str(root / "r"), [tasks["a"], tasks["r"]], "attn_only_no_rescale",
                              str(tmp_path / "layers.json"), examples=10)
     layers = report["num_layers"]
     assert len(subsets(layers)) == 2 * layers + 1 and len(report["rows"]) == 2 * (2 * layers + 1)
+    # the last single layer and the tail of 1 are the same subset: one merge (2L merges, each evaluated on both
+    # tasks), the same numbers in both rows
+    assert len(calls) == 2 * (2 * layers)
+    monkeypatch.undo()
+    for role in ("anchor", "source"):
+        last = next(r for r in report["rows"] if r["setting"] == "single" and r["k"] == layers - 1 and r["role"] == role)
+        tail_1 = next(r for r in report["rows"] if r["setting"] == "tail" and r["k"] == 1 and r["role"] == role)
+        assert last["layers"] == tail_1["layers"] == [layers - 1]
+        assert {k: v for k, v in last.items() if k not in ("setting", "k")} == \
+            {k: v for k, v in tail_1.items() if k not in ("setting", "k")}
     # the unmatched row is simple averaging of the two bodies, evaluated with each task's own head
     anchor, source = load_model(root / "a"), load_model(root / "r")
     body = averaged_body(anchor.state_dict(), source.state_dict(), body_keys(anchor))

@@ -4,7 +4,8 @@ For two models fine-tuned on different tasks (the source moved onto the anchor),
 of attention layers is matched, the two encoder bodies are simply averaged, and each task is
 evaluated with its own fine-tuned model whose body is replaced by the merged one (its task
 head stays: heads of different tasks have different shapes). Subsets: none, each single layer
-i, and the last k layers for k = 1..L. One process, one JSON: 2L+1 merges of two models.
+i, and the last k layers for k = 1..L. One process, one JSON: 2L+1 rows per task, from 2L merges of two
+models (the last single layer and the tail of 1 are one subset).
 """
 from __future__ import annotations
 
@@ -74,15 +75,19 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
         layout = layout_of(models["source"].config, source_state)
         check_same_body(models["source"], models["anchor"], source, anchor)
         keys = body_keys(models["anchor"])
-        start, rows = time.perf_counter(), []
+        start, rows, measured = time.perf_counter(), [], {}
         for subset in subsets(layout.num_layers):
-            transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
-            body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
-            for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
-                metrics = evaluate_with_body(models[role], body,
-                                             lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
-                metrics.pop("per_example")
-                rows.append({**subset, "task": task.name, "role": role, **metrics})
+            layers = tuple(subset["layers"])
+            if layers not in measured:       # the last single layer is the tail of 1: one merge serves both rows
+                transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
+                body = averaged_body(anchor_state, apply_transform(source_state, layout, transform), keys)
+                measured[layers] = []
+                for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
+                    metrics = evaluate_with_body(models[role], body,
+                                                 lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
+                    metrics.pop("per_example")
+                    measured[layers].append({"task": task.name, "role": role, **metrics})
+            rows += [{**subset, **metrics} for metrics in measured[layers]]
         report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
                   "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,
                   "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
