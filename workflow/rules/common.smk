@@ -16,7 +16,7 @@ TABLE2_MATCHINGS = ["none", "rotation_no_rescale", "rotation"]
 FIG3_MATCHINGS = ["none", "ffn_only", "attn_only", "rotation_no_rescale", "rotation"]
 FIG4_MATCHINGS = ["none", "git_rebasin", "ot_ffn", "rotation_no_rescale", "rotation"]
 FIG5_MATCHINGS = ["none", "attn_only", "ffn_only", "rotation"]
-VISION_MATCHINGS = sorted(set(TABLE2_MATCHINGS + FIG3_MATCHINGS + FIG4_MATCHINGS + FIG5_MATCHINGS))
+MERGED_VISION_MATCHINGS = sorted(set(TABLE2_MATCHINGS + FIG3_MATCHINGS))   # those merged (vision_evals)
 
 LANG_MODELS = LANG["models"]
 LANG_OOD = LANG["ner_ood"]
@@ -92,7 +92,7 @@ def unmoved(models, matching):
 def merges_of(track):
     """(models, matching) of every merge a track runs: each pair under each matching, and (language) the NER
     group under each matching."""
-    matchings = VISION_MATCHINGS if track == "vision" else LANG_MATCHINGS
+    matchings = MERGED_VISION_MATCHINGS if track == "vision" else LANG_MATCHINGS
     groups = [[a, s] for s, a in merged_pairs(track)] + ([LANG["ner"]] if track == "lang" else [])
     return [(models, m) for models in groups for m in matchings]
 

@@ -74,19 +74,17 @@ def model_digests(loaded: list, files: StatisticFiles) -> list[str] | None:
 
 
 def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, task, tasks: list,
-                batch_cache: dict, precision: str = "auto", files: StatisticFiles | None = None,
-                model_shas: list[str] | None = None) -> tuple[torch.nn.Module, dict]:
+                batch_cache: dict, precision: str, files: StatisticFiles,
+                model_shas: list[str] | None) -> tuple[torch.nn.Module, dict]:
     """(merged model on the CPU, merge report) of already loaded models; the loaded models are left unchanged.
     `files`: precomputed statistics (stages/statistics.py) used for the models they fit; model_shas: the
-    models' digests (model_digests), computed here when not given."""
+    models' digests (model_digests)."""
     method = check_fusion(fusion)
     for i, statistics_task in enumerate(tasks):
         statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}")
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
     batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()
-    files = files or StatisticFiles(None)
-    model_shas = model_shas or model_digests(loaded, files)
     statistics, elsewhere = precomputed_statistics(method, fusion, loaded, model_shas, batches, files, precision)
     device = next(loaded[0].parameters()).device
     with autocast(device, use_autocast(precision, device)):      # the statistic passes (Fisher, Gram, OT)
@@ -122,7 +120,8 @@ def run_merge(models: list[str], fusion: dict, task, output: str, resolved_confi
     with safe_output(output, "symfusion-merge", MERGE_MARKER, inputs=list(models or []) + files.paths,
                      is_dir=True) as claim:
         loaded = [m.to(compute_device()) for m in load_models(models)]
-        merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {}, precision, files)
+        merged, report = fuse_loaded(loaded, models, fusion, task, tasks or [task], {}, precision, files,
+                                     model_digests(loaded, files))
         files.check_all_used()
         report["provenance"] = provenance(resolved_config)
         with claim.writing() as tmp:
