@@ -16,7 +16,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from symfusion.report.results import METHOD_LABELS, VARIANT_LABELS, read_json, save_figure, write_csv  # noqa: E402
+from symfusion.report.results import (METHOD_LABELS, VARIANT_LABELS, percent, read_json, save_figure,  # noqa: E402
+                                      write_csv)
 from symfusion.report.tables import (accuracy_effect, accuracy_interval, mean_accuracy,  # noqa: E402
                                      merged_evaluations)
 from symfusion.uncertainty import RESAMPLES, interval, resamples, verdict  # noqa: E402
@@ -106,14 +107,23 @@ def barrier_resamples(losses: np.ndarray, index: np.ndarray) -> np.ndarray:
     return means.max(axis=0) - means.min(axis=0)
 
 
+def barrier_pair(data: dict) -> str:
+    """The model pair of a barrier result, `<source>-onto-<anchor>`, whichever way its source was given: a
+    matched copy (matched/<pair>/<matching>, the pipeline's source for every matching, `none` included) or
+    the end model itself (models/<source>)."""
+    source = Path(data["source"])
+    if source.name == data["matching"]:
+        return source.parent.name
+    return f"{source.name}-onto-{Path(data['anchor']).name}"
+
+
 def fig5_barrier(barrier_paths: list[str], png: str | Path) -> list[dict]:
     """Loss along theta(alpha) = alpha*A + (1-alpha)*B for B unmatched / partly / fully matched; both barrier
     definitions, and each matching's barrier change vs unmatched with its paired bootstrap interval."""
     by_pair = defaultdict(dict)
     for path in barrier_paths:
         data = read_json(path)
-        by_pair[Path(data["source"]).parent.name if data["matching"] != "none" else
-                f"{Path(data['source']).name}-onto-{Path(data['anchor']).name}"][data["matching"]] = data
+        by_pair[barrier_pair(data)][data["matching"]] = data
     pairs = sorted(by_pair)
     rows = []
     changes = defaultdict(list)                     # matching -> per pair (point, resampled) barrier change
@@ -131,7 +141,7 @@ def fig5_barrier(barrier_paths: list[str], png: str | Path) -> list[dict]:
                 resampled = barrier_resamples(path_losses(data), index) - base_resampled
                 changes[matching].append((data["barrier"] - baseline["barrier"], resampled))
             rows += [{"pair": pair, "matching": matching, "alpha": p["alpha"], "loss": p["loss"],
-                      "accuracy": p.get("accuracy"), "barrier": data["barrier"],
+                      "accuracy": percent(p.get("accuracy")), "barrier": data["barrier"],
                       "barrier_linear": data["barrier_linear"]} for p in data["path"]]
     summary = {}
     for matching, found in changes.items():

@@ -7,8 +7,8 @@ from pathlib import Path
 from statistics import mean
 
 from symfusion.report.figures import plt
-from symfusion.report.results import (markdown_table, read_json, read_paper_table, save_figure, write_csv,
-                                      write_text_atomic)
+from symfusion.report.results import (markdown_table, percent, read_json, read_paper_table, save_figure,
+                                      write_csv, write_text_atomic)
 from symfusion.report.tables import agreement, direction
 from symfusion.uncertainty import RESAMPLES, paired_effect
 
@@ -141,7 +141,8 @@ def write_table3(paths: list[str], output_csv: str | Path) -> list[dict]:
 def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
     """(a) eval-loss change vs the single attention layer matched, (b) vs the number of trailing layers matched.
 
-    Plotted as the change from the unmatched average (below zero: matching helps); the CSV has absolute losses.
+    Plotted as the change from the unmatched average (below zero: matching helps); the CSV has absolute losses
+    and the task's score in points (x100, as Table 1).
     """
     rows = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
@@ -158,7 +159,7 @@ def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
                         label=f"{task} ({model}; unmatched loss {base:.4f})")
                 ax.set_xlabel(label)
             rows += [{"model": model, "task": task, "setting": r["setting"], "k": r["k"], "loss": r["loss"],
-                      "score": r.get("score")} for r in task_rows]
+                      "score": percent(r.get("score"))} for r in task_rows]
     axes[0].set_title("(a) single-layer matching")
     axes[1].set_title("(b) tail-layers matching")
     for ax in axes:

@@ -54,6 +54,12 @@ def read_paper_table(name: str) -> list[dict]:
         return list(csv.DictReader(line for line in handle if not line.startswith("#")))
 
 
+def percent(fraction: float | None) -> float | None:
+    """A score or accuracy in [0, 1] as points (x100), the unit of every table and figure CSV (and of
+    symfusion-compare's tolerance); None stays None."""
+    return None if fraction is None else 100 * fraction
+
+
 def write_csv(rows: list[dict], path: str | Path) -> None:
     """Rows as CSV; the columns are every key in order of first appearance (a row lacking one leaves it empty)."""
     fieldnames = list(dict.fromkeys(key for row in rows for key in row))
