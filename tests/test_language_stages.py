@@ -191,6 +191,9 @@ def test_layer_sweep_rows_and_their_closed_forms(toy_models, tmp_path, monkeypat
     expected = tasks["a"].evaluate(anchor, "test", model_dir=str(root / "a"), examples=10)
     none_row = next(r for r in report["rows"] if r["setting"] == "none" and r["role"] == "anchor")
     assert none_row["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    # each row keeps the per-example losses of its evaluation (Figure 6's intervals), not the rest of the record
+    assert none_row["per_example"]["loss"] == pytest.approx(expected["per_example"]["loss"], rel=1e-6)
+    assert set(none_row["per_example"]) <= {"loss", "tokens"} and len(none_row["per_example"]["loss"]) == none_row["n"]
     # matching the last L layers is matching every layer
     tail = [r for r in report["rows"] if r["setting"] == "tail" and r["k"] == layers]
     assert {r["layers"] == list(range(layers)) for r in tail} == {True}

@@ -1,13 +1,15 @@
 """Padding-free linears (packing.py): the same loss and gradients as the padded batch, on real tokens only."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
 
 from symfusion.packing import padding_free, token_maps
 from symfusion.tasks import text_encoding
-from symfusion.tasks.text_encoding import TextDataset, evaluate_text_model
+from symfusion.tasks.text_encoding import IGNORE_INDEX, TextDataset, evaluate_text_model
+from symfusion.uncertainty import scores
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_config, tiny_model
 
@@ -131,5 +133,38 @@ def test_text_evaluation_scores_as_the_padded_batches(monkeypatch):
     assert 2 in calls                                  # some batches ran packed: (n, hidden) inputs
     monkeypatch.setattr(text_encoding, "token_maps", lambda model: [])
     padded = evaluate_text_model(model, None, dataset, "text_classification", 16, "macro_f1", batch_size=3)
-    assert packed["per_example"] == padded["per_example"]
+    assert packed["per_example"]["prediction"] == padded["per_example"]["prediction"]
+    assert packed["per_example"]["loss"] == pytest.approx(padded["per_example"]["loss"], rel=1e-12)
     assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["text_classification", "regression", "token_classification"])
+def test_the_per_example_losses_give_the_evaluations_loss_and_its_bootstrap(kind):
+    """Each example's summed loss (and, for tokens, its scored count) reproduces the mean loss the evaluation
+    reports, so the bootstrap resamples the very loss a figure plots."""
+    config = tiny_config("bert")
+    config.num_labels = 1 if kind == "regression" else 3
+    torch.manual_seed(0)
+    cls = tf.AutoModelForTokenClassification if kind == "token_classification" else tf.AutoModelForSequenceClassification
+    model = cls.from_config(config).eval()
+    gen = torch.Generator().manual_seed(5)
+    features = []
+    for length in (2, 9, 4, 7, 3, 8, 5, 6):
+        ids = torch.randint(1, 97, (length,), generator=gen).tolist()
+        if kind == "token_classification":
+            labels = [IGNORE_INDEX if i % 3 == 2 else (i + length) % 3 for i in range(length)]
+        else:
+            labels = (length / 9) if kind == "regression" else length % 3
+        features.append({"input_ids": ids, "attention_mask": [1] * length, "labels": labels})
+    metric = {"regression": "pearson_spearman", "text_classification": "macro_f1"}.get(kind, "span_f1")
+    result = evaluate_text_model(model, None, TextDataset(features, kind, 0), kind, 16, metric, batch_size=3,
+                                 label_names=["O", "B-PER", "I-PER"] if kind == "token_classification" else None)
+    record = result["per_example"]
+    assert len(record["loss"]) == len(features)
+    whole = np.arange(len(features))[None, :]
+    assert scores("loss", record, whole)[0] == pytest.approx(result["loss"], rel=1e-12)
+    assert ("tokens" in record) == (kind == "token_classification")
+    first = np.zeros((1, len(features)), dtype=int)           # a resample of the first example only
+    alone = evaluate_text_model(model, None, TextDataset(features[:1], kind, 0), kind, 16, metric,
+                                label_names=["O", "B-PER", "I-PER"] if kind == "token_classification" else None)
+    assert scores("loss", record, first)[0] == pytest.approx(alone["loss"], rel=1e-6)   # float32, other batches

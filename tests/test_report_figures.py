@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from symfusion.report.audit import summary_lines
 from symfusion.report.figures import fig5_barrier
 from symfusion.report.language import fig6_layers
 
@@ -60,3 +61,35 @@ def test_fig6_gives_losses_and_scores_in_points(tmp_path):
     rows = fig6_layers([str(sweep)], tmp_path / "fig6_layers.png")
     assert [r["score"] for r in rows] == [25.0, 26.0, None]
     assert [r["loss"] for r in rows] == [0.65, 0.64, 0.63]
+    assert not any("change_low" in r for r in rows)          # a sweep without per-example losses: no intervals
+
+
+def test_fig6_gives_each_loss_change_its_paired_interval(tmp_path):
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.1, 1.5, 120)
+    lower = base - 0.05                                        # every example better: a detectable drop
+    noisy = base + rng.normal(0.0, 0.2, 120) - 0.001           # a tiny shift in much noise
+    noisy[0] -= float(np.mean(noisy) - np.mean(base) + 0.001)  # mean change exactly -0.001
+
+    def row(setting, k, losses):
+        return {"task": "ner_plot", "setting": setting, "k": k, "loss": float(np.mean(losses)), "score": 0.5,
+                "per_example": {"loss": losses.tolist()}}
+    sweep = tmp_path / "lang" / "minilm" / "layers.json"
+    sweep.parent.mkdir(parents=True)
+    sweep.write_text(json.dumps({"rows": [row("none", 0, base), row("single", 0, lower), row("single", 1, noisy),
+                                          row("tail", 1, base)]}))
+    rows = fig6_layers([str(sweep)], tmp_path / "fig6_layers.png")
+    none, drop, shift, same = rows
+    assert "loss_change" not in none
+    assert drop["loss_change"] == pytest.approx(-0.05)
+    assert drop["change_low"] == pytest.approx(-0.05) and drop["change_high"] == pytest.approx(-0.05)
+    assert drop["change_verdict"] == "helps"
+    assert shift["change_low"] < shift["loss_change"] < 0 < shift["change_high"]
+    assert shift["change_verdict"] == "no detectable change"
+    assert (same["loss_change"], same["change_low"], same["change_high"]) == (0.0, 0.0, 0.0)
+    with open(tmp_path / "fig6_layers.csv") as handle:
+        header = next(csv.reader(handle))
+    assert {"loss_change", "change_low", "change_high", "change_verdict"} <= set(header)
+    line = next(x for x in summary_lines(tmp_path, tmp_path) if x.startswith("Figure 6"))
+    assert "1 of 3 effects detectable (1 help, 0 hurt)" in line
+    assert "-0.05 (ner_plot, single 0)" in line

@@ -8,7 +8,8 @@ its interval excludes 0; otherwise it is "no detectable change".
 
 Per-example records (what an evaluation saves beside its metrics, `per_example`) and the metrics they give:
     accuracy         {"correct": [0|1, ...]}                                 mean
-    loss             {"loss": [float, ...]}                                  mean (lower is better)
+    loss             {"loss": [float, ...]}                                  mean (lower is better); with
+                     {"tokens": [int, ...]} beside it (token classification)   sum(loss) / sum(tokens)
     macro_f1, mcc    {"prediction": [int, ...], "reference": [int, ...]}     as text_metrics computes them
     pearson_spearman {"prediction": [float, ...], "reference": [float, ...]} mean of Pearson and Spearman
     span_f1          {"tp": [int, ...], "predicted": [...], "gold": [...]}   micro F1 over entity spans
@@ -78,6 +79,10 @@ def _pearson_spearman(prediction: np.ndarray, reference: np.ndarray, index: np.n
 
 def scores(metric: str, record: dict, index: np.ndarray) -> np.ndarray:
     """The metric on each resample (rows of `index`) of one evaluation's per-example record, (B,)."""
+    if metric == "loss" and "tokens" in record:            # a token-weighted mean: each sentence's summed loss
+        losses, tokens = np.asarray(record["loss"], dtype=float), np.asarray(record["tokens"], dtype=float)
+        total = tokens[index].sum(axis=1)
+        return np.where(total > 0, losses[index].sum(axis=1) / np.where(total > 0, total, 1), np.nan)
     if metric in ("accuracy", "loss"):
         values = np.asarray(record["correct" if metric == "accuracy" else "loss"], dtype=float)
         return values[index].mean(axis=1)

@@ -122,6 +122,13 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
                          f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
             cells.append(cell)
         lines.append("Figure 5: loss barriers (the paper's: max - min along the path) " + "; ".join(cells) + ".")
+    if (figures / "fig6_layers.csv").is_file():
+        rows = [r for r in read_csv_rows(figures / "fig6_layers.csv") if r.get("loss_change")]
+        if rows:
+            largest = max(rows, key=lambda r: abs(float(r["loss_change"])))
+            lines.append(f"Figure 6: each layer subset's eval-loss change vs unmatched: "
+                         f"{effect_counts(rows, 'change_verdict')}; the largest "
+                         f"{float(largest['loss_change']):+.3g} ({largest['task']}, {largest['setting']} {largest['k']}).")
     if (results / "multimodel.csv").is_file():
         lines += multimodel_summary(read_csv_rows(results / "multimodel.csv"))
     if (results / "table3.csv").is_file():

@@ -141,8 +141,9 @@ def write_table3(paths: list[str], output_csv: str | Path) -> list[dict]:
 def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
     """(a) eval-loss change vs the single attention layer matched, (b) vs the number of trailing layers matched.
 
-    Plotted as the change from the unmatched average (below zero: matching helps); the CSV has absolute losses
-    and the task's score in points (x100, as Table 1).
+    Plotted as the change from the unmatched loss (below zero: matching helps), each with the 95% interval
+    of a paired bootstrap over the test examples; the CSV has the absolute losses, the changes with their
+    intervals and verdicts, and the task's score in points (x100, as Table 1).
     """
     rows = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
@@ -151,26 +152,42 @@ def fig6_layers(sweep_paths: list[str], png: str | Path) -> list[dict]:
         model = model_name(path)
         for task in dict.fromkeys(r["task"] for r in data["rows"]):
             task_rows = [r for r in data["rows"] if r["task"] == task]
-            base = next(r["loss"] for r in task_rows if r["setting"] == "none")
+            base = next(r for r in task_rows if r["setting"] == "none")
+            task_csv = [{"model": model, "task": task, "setting": r["setting"], "k": r["k"], "loss": r["loss"],
+                         "score": percent(r.get("score")), **loss_change(r, base, task)} for r in task_rows]
             for ax, setting, label in ((axes[0], "single", "index of the single attention layer matched"),
                                        (axes[1], "tail", "number of trailing attention layers matched")):
-                chosen = [r for r in task_rows if r["setting"] == setting]
-                ax.plot([r["k"] for r in chosen], [r["loss"] - base for r in chosen], marker="o",
-                        label=f"{task} ({model}; unmatched loss {base:.4f})")
+                chosen = [r for r in task_csv if r["setting"] == setting]
+                changes = [r["loss"] - base["loss"] for r in chosen]
+                errors = None
+                if all("change_low" in r for r in chosen):
+                    errors = [[c - r["change_low"] for c, r in zip(changes, chosen)],
+                              [r["change_high"] - c for c, r in zip(changes, chosen)]]
+                ax.errorbar([r["k"] for r in chosen], changes, yerr=errors, marker="o", capsize=2,
+                            label=f"{task} ({model}; unmatched loss {base['loss']:.4f})")
                 ax.set_xlabel(label)
-            rows += [{"model": model, "task": task, "setting": r["setting"], "k": r["k"], "loss": r["loss"],
-                      "score": percent(r.get("score"))} for r in task_rows]
+            rows += task_csv
     axes[0].set_title("(a) single-layer matching")
     axes[1].set_title("(b) tail-layers matching")
     for ax in axes:
         ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.set_ylabel("eval loss change vs no matching")
+        ax.set_ylabel("eval loss change vs no matching (95% CI)")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8, title="task (model; loss without matching)", title_fontsize=8)
     fig.suptitle("Figure 6: evaluation loss when matching a subset of attention layers (simple averaging)")
     save_figure(fig, png)
     write_csv(rows, Path(png).with_suffix(".csv"))
     return rows
+
+
+def loss_change(row: dict, base: dict, task: str) -> dict:
+    """A sweep row's loss change vs the unmatched merge with its paired bootstrap interval (none for the
+    unmatched row itself, or for a sweep written without per-example losses)."""
+    if row is base or "loss" not in row.get("per_example", {}) or "loss" not in base.get("per_example", {}):
+        return {}
+    found = paired_effect("loss", [(row["per_example"], base["per_example"], task)])
+    return {"loss_change": row["loss"] - base["loss"], "change_low": found["low"], "change_high": found["high"],
+            "change_verdict": found["verdict"]}
 
 
 # ---------------------------------------------------------------- beyond the paper: multi-model and joint matching

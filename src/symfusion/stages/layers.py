@@ -85,8 +85,9 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
                 for role, task, folder in (("anchor", tasks[0], anchor), ("source", tasks[1], source)):
                     metrics = evaluate_with_body(models[role], body,
                                                  lambda m: task.evaluate(m, "test", model_dir=folder, examples=examples))
-                    metrics.pop("per_example")
-                    measured[layers].append({"task": task.name, "role": role, **metrics})
+                    record = metrics.pop("per_example")            # the losses' part: Figure 6's intervals
+                    measured[layers].append({"task": task.name, "role": role, **metrics,
+                                             "per_example": {k: record[k] for k in ("loss", "tokens") if k in record}})
             rows += [{**subset, **metrics} for metrics in measured[layers]]
         report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
                   "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,

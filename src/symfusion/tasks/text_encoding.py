@@ -129,20 +129,27 @@ def statistic_batches_text(examples: list[dict], tokenizer, kind: str, max_lengt
 # ---------------------------------------------------------------- evaluation
 
 def _batch_loss_and_outputs(logits: torch.Tensor, labels: torch.Tensor, kind: str):
-    """(summed loss in float64, number of scored items, predictions, references) of one batch."""
+    """(summed loss in float64, number of scored items, predictions, references, per-example summed losses,
+    per-example scored items) of one batch; the per-example losses add up to the batch's sum."""
     if kind == "regression":
         values = logits.squeeze(-1).double()
+        each = torch.nn.functional.mse_loss(values, labels.double(), reduction="none")         # (batch,)
         loss = torch.nn.functional.mse_loss(values, labels.double(), reduction="sum")
-        return loss.item(), labels.numel(), values.tolist(), labels.tolist()
+        return loss.item(), labels.numel(), values.tolist(), labels.tolist(), each.tolist(), [1] * labels.numel()
     if kind == "text_classification":
+        each = torch.nn.functional.cross_entropy(logits.double(), labels, reduction="none")     # (batch,)
         loss = torch.nn.functional.cross_entropy(logits.double(), labels, reduction="sum")
-        return loss.item(), labels.numel(), logits.argmax(-1).tolist(), labels.tolist()
+        return (loss.item(), labels.numel(), logits.argmax(-1).tolist(), labels.tolist(), each.tolist(),
+                [1] * labels.numel())
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), labels.flatten(),
                                              ignore_index=IGNORE_INDEX, reduction="sum")
+    each = torch.nn.functional.cross_entropy(logits.double().transpose(1, 2), labels, ignore_index=IGNORE_INDEX,
+                                             reduction="none")                                  # (batch, tokens)
     keep, best = labels != IGNORE_INDEX, logits.argmax(-1)
     predictions = [best[i][keep[i]].tolist() for i in range(labels.shape[0])]
     references = [labels[i][keep[i]].tolist() for i in range(labels.shape[0])]
-    return loss.item(), int(keep.sum()), predictions, references
+    return (loss.item(), int(keep.sum()), predictions, references, each.sum(dim=1).tolist(),
+            keep.sum(dim=1).tolist())
 
 
 def length_order(dataset: TextDataset) -> list[int]:
@@ -150,16 +157,24 @@ def length_order(dataset: TextDataset) -> list[int]:
     return sorted(range(len(dataset)), key=lambda i: len(dataset.features[i]["input_ids"]))
 
 
-def per_example_record(kind: str, predictions: list, references: list, order: list[int]) -> dict:
+def per_example_record(kind: str, predictions: list, references: list, order: list[int],
+                       losses: tuple[list, list] | None = None) -> dict:
     """What the bootstrap of the task metric needs per example (uncertainty.py), in the examples' own order:
-    predicted and reference labels or values, or per sentence the entity spans predicted, gold and matched."""
+    predicted and reference labels or values, or per sentence the entity spans predicted, gold and matched;
+    with `losses` (per-example summed loss, scored items), also "loss" and, for token classification,
+    "tokens" (the loss is then the token-weighted mean, as the evaluation's)."""
     def original(values: list) -> list:
         placed = [None] * len(values)
         for position, index in enumerate(order):
             placed[index] = values[position]
         return placed
+    loss = {}
+    if losses is not None:
+        loss = {"loss": original(losses[0])}
+        if kind == "token_classification":
+            loss["tokens"] = original(losses[1])
     if kind != "token_classification":
-        return {"prediction": original(predictions), "reference": original(references)}
+        return {"prediction": original(predictions), "reference": original(references), **loss}
     from seqeval.metrics.sequence_labeling import get_entities   # a pipeline package, as in text_metrics
 
     tp, predicted, gold = [], [], []
@@ -168,7 +183,7 @@ def per_example_record(kind: str, predictions: list, references: list, order: li
         tp.append(len(gold_spans & predicted_spans))
         predicted.append(len(predicted_spans))
         gold.append(len(gold_spans))
-    return {"tp": original(tp), "predicted": original(predicted), "gold": original(gold)}
+    return {"tp": original(tp), "predicted": original(predicted), "gold": original(gold), **loss}
 
 
 def _tag_names(model, label_names) -> list[str]:
@@ -196,7 +211,7 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
         raise SymfusionError("the evaluation split is empty; check the task's limit settings")
     model.eval()
     device = next(model.parameters()).device
-    loss_sum, count, predictions, references = 0.0, 0, [], []
+    loss_sum, count, predictions, references, example_losses, example_items = 0.0, 0, [], [], [], []
     order = length_order(dataset)
     ordered = TextDataset([dataset.features[i] for i in order], dataset.kind, dataset.pad_token_id)
     maps = token_maps(model)                   # sorted batches still pad: their linears skip it (packing.py)
@@ -209,12 +224,14 @@ def evaluate_text_model(model: torch.nn.Module, tokenizer, examples, kind: str, 
         loss_sum, count = loss_sum + parts[0], count + parts[1]
         predictions += parts[2]
         references += parts[3]
+        example_losses += parts[4]
+        example_items += parts[5]
     if kind == "token_classification":
         names = _tag_names(model, label_names)
         predictions = [[names[t] for t in row] for row in predictions]
         references = [[names[t] for t in row] for row in references]
     return {**score(references, predictions), "loss": loss_sum / max(count, 1), "n": len(dataset),
-            "per_example": per_example_record(kind, predictions, references, order)}
+            "per_example": per_example_record(kind, predictions, references, order, (example_losses, example_items))}
 
 
 # ---------------------------------------------------------------- task heads
