@@ -49,6 +49,8 @@ def test_fig5_pairs_each_matching_with_the_unmatched_path_and_gives_its_change_i
     with open(tmp_path / "fig5_barrier.csv") as handle:
         header = next(csv.reader(handle))
     assert {"barrier_change", "change_low", "change_high"} <= set(header)
+    line = next(x for x in summary_lines(tmp_path, tmp_path) if x.startswith("Figure 5"))
+    assert "rotation" in line and "hurts" not in line and "lowest: rotation (as the paper" in line
 
 
 def test_fig6_gives_losses_and_scores_in_points(tmp_path):

@@ -121,7 +121,10 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
                 cell += (f", change {float(r['barrier_change']):+.3f} [{float(r['change_low']):+.3f}, "
                          f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
             cells.append(cell)
-        lines.append("Figure 5: loss barriers (the paper's: max - min along the path) " + "; ".join(cells) + ".")
+        lowest = min(first, key=lambda m: float(first[m]["barrier"]))
+        lines.append("Figure 5: loss barriers (the paper's: max - min along the path) " + "; ".join(cells) +
+                     f"; lowest: {lowest} ({'as' if lowest == 'rotation' else 'unlike'} the paper, where full "
+                     "matching gives the lowest barrier).")
     if (figures / "fig6_layers.csv").is_file():
         rows = [r for r in read_csv_rows(figures / "fig6_layers.csv") if r.get("loss_change")]
         if rows:
