@@ -95,3 +95,22 @@ def test_fig6_gives_each_loss_change_its_paired_interval(tmp_path):
     line = next(x for x in summary_lines(tmp_path, tmp_path) if x.startswith("Figure 6"))
     assert "1 of 3 effects detectable (1 help, 0 hurt)" in line
     assert "-0.05 (ner_plot, single 0)" in line
+
+
+def test_fig5_summary_over_several_pairs_gives_mean_barriers(tmp_path):
+    paths, barriers = [], {}
+    for pair, seed in (("seed1-onto-seed0", 0), ("seed2-onto-seed0", 10)):
+        matched = tmp_path / "matched" / pair
+        for matching, bump in (("none", 1.0), ("rotation", 0.2)):
+            path, data = barrier_result(tmp_path, matching, matched / matching, bump=bump, seed=seed + len(paths))
+            paths.append(path)
+            barriers.setdefault(matching, []).append(data["barrier"])
+    rows = fig5_barrier(paths, tmp_path / "fig5_barrier.png")
+    assert {r["pair"] for r in rows} == {"seed1-onto-seed0", "seed2-onto-seed0"}
+    rotation = next(r for r in rows if r["matching"] == "rotation")
+    mean = {m: sum(b) / 2 for m, b in barriers.items()}
+    assert rotation["barrier_change"] == pytest.approx(mean["rotation"] - mean["none"])
+    line = next(x for x in summary_lines(tmp_path, tmp_path) if x.startswith("Figure 5"))
+    assert "means over 2 model pairs" in line
+    assert f"none {mean['none']:.3f}" in line and f"rotation {mean['rotation']:.3f}" in line
+    assert "lowest: rotation (as the paper" in line

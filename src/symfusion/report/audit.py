@@ -113,16 +113,23 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
                          f"matching; order {order}.")
     if (figures / "fig5_barrier.csv").is_file():
         rows = read_csv_rows(figures / "fig5_barrier.csv")
-        first = {r["matching"]: r for r in rows if r["pair"] == rows[0]["pair"]}
+        per_matching = defaultdict(dict)                  # matching -> pair -> its row (the path's points agree)
+        for r in rows:
+            per_matching[r["matching"]][r["pair"]] = r
+        pairs = len({r["pair"] for r in rows})
+        barriers = {m: sum(float(r["barrier"]) for r in found.values()) / len(found) for m, found in per_matching.items()}
         cells = []
-        for matching, r in first.items():
-            cell = f"{matching} {float(r['barrier']):.3f} (above line {float(r['barrier_linear']):.3f})"
+        for matching, found in per_matching.items():
+            r = next(iter(found.values()))                # the change and its interval: one per matching
+            line_mean = sum(float(x["barrier_linear"]) for x in found.values()) / len(found)
+            cell = f"{matching} {barriers[matching]:.3f} (above line {line_mean:.3f})"
             if r.get("barrier_change"):
                 cell += (f", change {float(r['barrier_change']):+.3f} [{float(r['change_low']):+.3f}, "
                          f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
             cells.append(cell)
-        lowest = min(first, key=lambda m: float(first[m]["barrier"]))
-        lines.append("Figure 5: loss barriers (the paper's: max - min along the path) " + "; ".join(cells) +
+        lowest = min(barriers, key=barriers.get)
+        over = f", means over {pairs} model pairs" if pairs > 1 else ""
+        lines.append(f"Figure 5: loss barriers (the paper's: max - min along the path{over}) " + "; ".join(cells) +
                      f"; lowest: {lowest} ({'as' if lowest == 'rotation' else 'unlike'} the paper, where full "
                      "matching gives the lowest barrier).")
     if (figures / "fig6_layers.csv").is_file():

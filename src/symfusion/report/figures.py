@@ -166,7 +166,9 @@ def fig5_barrier(barrier_paths: list[str], png: str | Path) -> list[dict]:
                       f"{interval_text})")
     ax.set_xlabel("alpha  (0 = source model B, 1 = anchor model A)")
     ax.set_ylabel("test loss (cross-entropy)")
-    ax.set_title("Figure 5: loss along the linear path between the end models")
+    ax.set_title("Figure 5: loss along the linear path between the end models" +
+                 (f"\n(paths of {pairs[0]}; changes vs unmatched: means over {len(pairs)} pairs)" if len(pairs) > 1 else ""),
+                 fontsize=None if len(pairs) == 1 else 10)
     ax.legend(fontsize=6.5)
     ax.grid(alpha=0.3)
     save_figure(fig, png)
