@@ -113,16 +113,17 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
                          f"matching; order {order}.")
     if (figures / "fig5_barrier.csv").is_file():
         rows = read_csv_rows(figures / "fig5_barrier.csv")
-        per_matching = defaultdict(dict)                  # matching -> pair -> its row (the path's points agree)
+        per_matching = defaultdict(dict)                  # matching -> pair -> a row of its path (barriers per path)
         for r in rows:
             per_matching[r["matching"]][r["pair"]] = r
         pairs = len({r["pair"] for r in rows})
-        barriers = {m: sum(float(r["barrier"]) for r in found.values()) / len(found) for m, found in per_matching.items()}
+        means = {m: {k: sum(float(r[k]) for r in found.values()) / len(found) for k in ("barrier", "barrier_linear")}
+                 for m, found in per_matching.items()}
+        barriers = {m: mean["barrier"] for m, mean in means.items()}
         cells = []
         for matching, found in per_matching.items():
             r = next(iter(found.values()))                # the change and its interval: one per matching
-            line_mean = sum(float(x["barrier_linear"]) for x in found.values()) / len(found)
-            cell = f"{matching} {barriers[matching]:.3f} (above line {line_mean:.3f})"
+            cell = f"{matching} {barriers[matching]:.3f} (above line {means[matching]['barrier_linear']:.3f})"
             if r.get("barrier_change"):
                 cell += (f", change {float(r['barrier_change']):+.3f} [{float(r['change_low']):+.3f}, "
                          f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
