@@ -7,7 +7,7 @@ DIR gets models/<conf model name>/ (save_pretrained folders, safetensors, with t
 datasets/<hub org>__<hub name>/ (Parquet laid out as on the Hub) and manifest.json, the one mapping a
 profile consumes: "models": {conf model name: {"base_model": folder}} and "tasks": {conf task name:
 {"options": {"dataset": folder}}}. Deterministic for a seed and library versions; a folder that is up to
-date is left alone; DIR must be new, empty or made by this script. No network. See symfusion.standins and
+date is left alone; DIR must be new, empty or made by this script. No network. See symfusion.pipeline.data.standins and
 docs/data_card.md ("Stand-ins").
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from symfusion.errors import SymfusionError  # noqa: E402
-from symfusion.standins import DEFAULT_OUTPUT, build_standins  # noqa: E402
+from symfusion.pipeline.data.standins import DEFAULT_OUTPUT, build_standins  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ PROGRAM = """
 import resource, sys
 import numpy as np
 sys.path.insert(0, {src!r})
-from symfusion.allocator import keep_freed_memory
+from symfusion.pipeline.allocator import keep_freed_memory
 tuned = keep_freed_memory() if sys.argv[1] == "tuned" else None
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

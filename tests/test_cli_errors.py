@@ -180,7 +180,7 @@ def test_compare_refuses_bad_usage_in_one_line(world, tmp_path):
                            ([str(world / "mine"), "--tolerance", "nan", "--figures", str(world)], "--tolerance"),
                            ([str(world / "mine"), "--reference", str(world / "nope"), "--figures", str(world)],
                             "reference")):
-        result = subprocess.run([sys.executable, "-m", "symfusion.report.compare", *args], capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "symfusion.pipeline.report.compare", *args], capture_output=True,
                                 text=True, timeout=120, env=ENV)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]

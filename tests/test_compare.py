@@ -1,7 +1,7 @@
 """symfusion-compare: agreement within tolerance, readable differences, and exit codes."""
 import csv
 
-from symfusion.report.compare import main, row_label
+from symfusion.pipeline.report.compare import main, row_label
 
 
 def write(path, rows):

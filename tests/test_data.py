@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from symfusion.data import load_image_splits
-from symfusion.data.hub import load_hub_images
-from symfusion.data.images import split_image_arrays
-from symfusion.data.offline import FASHION_MNIST_FILES, load_fashion_mnist_arrays, read_idx
+from symfusion.pipeline.data import load_image_splits
+from symfusion.pipeline.data.hub import load_hub_images
+from symfusion.pipeline.data.images import split_image_arrays
+from symfusion.pipeline.data.offline import FASHION_MNIST_FILES, load_fashion_mnist_arrays, read_idx
 from symfusion.errors import SymfusionError
 
 

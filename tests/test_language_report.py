@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from symfusion.report.audit import paper_anomalies
-from symfusion.report.language import table1_rows, write_table3
+from symfusion.pipeline.report.audit import paper_anomalies
+from symfusion.pipeline.report.language import table1_rows, write_table3
 
 
 def record(kind, score, n=400):

@@ -7,9 +7,10 @@ import pytest
 import torch
 import transformers as tf
 
-from symfusion.arch import check_compatible, layout_of
+from symfusion.arch import layout_of
+from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
-from symfusion.stages.match import run_match
+from symfusion.pipeline.stages.match import run_match
 from symfusion.matching import matching_config
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.modelio import load_model

@@ -12,12 +12,12 @@ from symfusion.matching.compose import match_attention_rotation, StageClock
 from symfusion.matching.joint import match_attention_joint
 from symfusion.matching.multi import compose, compose_layer, invert, invert_layer, match_group, pairwise_sq
 from symfusion.measures import distance
-from symfusion.stages.multimodel import run_multimodel
+from symfusion.pipeline.stages.multimodel import run_multimodel
 from symfusion.symmetry import (Transform, apply_transform, random_orthogonal, random_transform,
                                 rotate_bias, rotate_rows)
 from symfusion.matching.multi import pairwise_distances
-from symfusion.report.audit import multimodel_summary
-from symfusion.report.language import multimodel_rows
+from symfusion.pipeline.report.audit import multimodel_summary
+from symfusion.pipeline.report.language import multimodel_rows
 from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
 
 PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm")

@@ -6,10 +6,10 @@ import pytest
 import torch
 import transformers as tf
 
-from symfusion.packing import padding_free, token_maps
-from symfusion.tasks import text_encoding
-from symfusion.tasks.text_encoding import IGNORE_INDEX, TextDataset, evaluate_text_model
-from symfusion.uncertainty import scores
+from symfusion.pipeline.packing import padding_free, token_maps
+from symfusion.pipeline.tasks import text_encoding
+from symfusion.pipeline.tasks.text_encoding import IGNORE_INDEX, TextDataset, evaluate_text_model
+from symfusion.pipeline.uncertainty import scores
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_config, tiny_model
 

@@ -9,12 +9,12 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from symfusion.basemodels import HUB_PATTERNS, hub_folder, resolve_base, resolve_base_model
-from symfusion.data import load_image_splits
-from symfusion.data.text import load_text_splits
-from symfusion.data.text.hub import HUB_TEXT_PRESETS
+from symfusion.pipeline.basemodels import HUB_PATTERNS, hub_folder, resolve_base, resolve_base_model
+from symfusion.pipeline.data import load_image_splits
+from symfusion.pipeline.data.text import load_text_splits
+from symfusion.pipeline.data.text.hub import HUB_TEXT_PRESETS
 from symfusion.errors import SymfusionError
-from symfusion.revisions import UNPINNABLE, is_pinned, is_placeholder, unpinned
+from symfusion.pipeline.revisions import UNPINNABLE, is_pinned, is_placeholder, unpinned
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

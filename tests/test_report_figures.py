@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from symfusion.report.audit import summary_lines
-from symfusion.report.figures import fig5_barrier
-from symfusion.report.language import fig6_layers
+from symfusion.pipeline.report.audit import summary_lines
+from symfusion.pipeline.report.figures import fig5_barrier
+from symfusion.pipeline.report.language import fig6_layers
 
 ALPHAS = [0.0, 0.5, 1.0]
 

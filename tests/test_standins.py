@@ -12,13 +12,13 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from symfusion.basemodels import resolve_base
-from symfusion.data import load_image_splits
-from symfusion.data.text import NER_TAGS, load_text_splits
-from symfusion.data.text.hub import EMOTION_LABELS, HUB_TEXT_PRESETS
+from symfusion.pipeline.basemodels import resolve_base
+from symfusion.pipeline.data import load_image_splits
+from symfusion.pipeline.data.text import NER_TAGS, load_text_splits
+from symfusion.pipeline.data.text.hub import EMOTION_LABELS, HUB_TEXT_PRESETS
 from symfusion.errors import SymfusionError
 from symfusion.modelio import load_model
-from symfusion.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
+from symfusion.pipeline.data.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
 
 datasets = pytest.importorskip("datasets")
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from symfusion.data.text import corpora, silver_ner
-from symfusion.data.text import (NER_TAGS, TEXT_SOURCES, assemble_splits, is_valid_bio, load_text_splits, repair_bio)
+from symfusion.pipeline.data.text import corpora, silver_ner
+from symfusion.pipeline.data.text import (NER_TAGS, TEXT_SOURCES, assemble_splits, is_valid_bio, load_text_splits, repair_bio)
 from symfusion.errors import SymfusionError
-from symfusion.data.text.hub import EMOTION_LABELS, GOEMOTIONS_NAMES
-from symfusion.data.text.hub import ONTONOTES_TAGS
+from symfusion.pipeline.data.text.hub import EMOTION_LABELS, GOEMOTIONS_NAMES
+from symfusion.pipeline.data.text.hub import ONTONOTES_TAGS
 
 
 def _groups(splits):

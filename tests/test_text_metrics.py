@@ -4,7 +4,7 @@ import math
 import pytest
 
 from symfusion.errors import SymfusionError
-from symfusion.text_metrics import METRICS, get_metric, macro_f1, mcc, pearson_spearman, span_f1
+from symfusion.pipeline.text_metrics import METRICS, get_metric, macro_f1, mcc, pearson_spearman, span_f1
 
 
 def test_every_metric_returns_named_floats_with_a_score():

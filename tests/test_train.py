@@ -7,11 +7,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-import symfusion.tasks.image as train_module
-from symfusion.data.images import ImageDataset
+import symfusion.pipeline.tasks.image as train_module
+from symfusion.pipeline.data.images import ImageDataset
 from symfusion.errors import SymfusionError
-from symfusion.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
-from symfusion.training import warmup_cosine
+from symfusion.pipeline.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
+from symfusion.pipeline.training import warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
 

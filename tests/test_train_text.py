@@ -8,12 +8,12 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-import symfusion.tasks.text as train_text
+import symfusion.pipeline.tasks.text as train_text
 from symfusion.errors import SymfusionError
-from symfusion.tasks.text_encoding import (IGNORE_INDEX, collate_text, copy_head, encode_examples, evaluate_text_model,
+from symfusion.pipeline.tasks.text_encoding import (IGNORE_INDEX, collate_text, copy_head, encode_examples, evaluate_text_model,
                                      head_keys, statistic_batches_text)
 from symfusion.modelio import load_model
-from symfusion.tasks.text import finetune_text_model
+from symfusion.pipeline.tasks.text import finetune_text_model
 from tiny_models import tiny_config
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -26,7 +26,7 @@ ENTITIES = [(["alice"], ["B-PER"]), (["bob"], ["B-PER"]), (["paris"], ["B-LOC"])
 
 @dataclass
 class Splits:
-    """The TextSplits interface of symfusion.data.text (kind, splits, label_names)."""
+    """The TextSplits interface of symfusion.pipeline.data.text (kind, splits, label_names)."""
     kind: str
     splits: dict
     label_names: list | None

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from symfusion.tasks.text_encoding import per_example_record
-from symfusion.text_metrics import macro_f1, mcc, pearson_spearman, span_f1
-from symfusion.uncertainty import paired_effect, resamples, score_interval, scores, verdict
+from symfusion.pipeline.tasks.text_encoding import per_example_record
+from symfusion.pipeline.text_metrics import macro_f1, mcc, pearson_spearman, span_f1
+from symfusion.pipeline.uncertainty import paired_effect, resamples, score_interval, scores, verdict
 
 RNG = np.random.default_rng(0)
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file, save_file
 
 from symfusion import cli
 from symfusion.config import CONF_DIR
-from symfusion.stages.evaluate import run_evaluate
-from symfusion.report.figures import fig3_ablation
-from symfusion.report.tables import table2_rows
-from symfusion.tasks import make_task
+from symfusion.pipeline.stages.evaluate import run_evaluate
+from symfusion.pipeline.report.figures import fig3_ablation
+from symfusion.pipeline.report.tables import table2_rows
+from symfusion.pipeline.tasks import make_task
 
 TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
               "model.hidden_size=16", "model.intermediate_size=24", "threads=1"]

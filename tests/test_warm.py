@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from symfusion import warm
+from symfusion.pipeline import warm
 from tiny_models import tiny_model
 
 # A worker whose "stages" are a few lines of Python, started as the Snakefile starts symfusion-worker.
 TOY_WORKER = """
 import os, sys, time
-from symfusion import warm
+from symfusion.pipeline import warm
 
 def run(command, argv):
     if command == "sleep":
@@ -60,7 +60,7 @@ def toy_worker(tmp_path):
 
 def client(socket_path, command, *argv, extra_env=None, cwd=None, **kwargs):
     env = {**BASE_ENV, warm.VARIABLE: str(socket_path), **(extra_env or {})}
-    code = f"import sys; from symfusion import warm; code = warm.run_in_worker({command!r}, {list(argv)!r}); " \
+    code = f"import sys; from symfusion.pipeline import warm; code = warm.run_in_worker({command!r}, {list(argv)!r}); " \
            "print('NOT SERVED', file=sys.stderr) if code is None else sys.exit(code)"
     return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from symfusion import warm
+from symfusion.pipeline import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"

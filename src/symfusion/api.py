@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from symfusion.arch import check_compatible, check_finite, check_same_layout, layout_of
+from symfusion.arch import check_finite, check_same_layout, layout_of
+from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs

@@ -17,8 +17,8 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from symfusion.allocator import keep_freed_memory
-from symfusion import warm
+from symfusion.pipeline.allocator import keep_freed_memory
+from symfusion.pipeline import warm
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
 from symfusion.errors import SymfusionError
@@ -56,7 +56,7 @@ def _resolved(cfg: DictConfig) -> dict:
 
 def _task(cfg: DictConfig, name: str | None = None):
     """The stage's task object (cfg.task, or conf/task/<name>.yaml) sized by the profile (smoke shrinks text tasks)."""
-    from symfusion.tasks import make_task
+    from symfusion.pipeline.tasks import make_task
 
     return make_task(name if name else cfg.task, cfg.get("profile"))
 
@@ -77,7 +77,7 @@ def _matching(cfg: DictConfig):
 def match_command(cfg: DictConfig) -> None:
     """symfusion-match source=DIR anchor=DIR output=DIR matching=NAME [layers=[..] | last_layers=K]"""
     from symfusion.matching import matching_config
-    from symfusion.stages.match import run_match
+    from symfusion.pipeline.stages.match import run_match
 
     name, matching = cfg.matching.name, _matching(cfg)
     if matching_config(name) != matching:
@@ -98,7 +98,7 @@ def match_command(cfg: DictConfig) -> None:
 @report_errors
 def data_command(cfg: DictConfig) -> None:
     """symfusion-data task=NAME output=FILE.json"""
-    from symfusion.stages.data import run_data
+    from symfusion.pipeline.stages.data import run_data
 
     manifest = run_data(_task(cfg), cfg.output, _resolved(cfg))
     sizes = ", ".join(f"{k} {v['size']}" for k, v in manifest["splits"].items())
@@ -108,8 +108,8 @@ def data_command(cfg: DictConfig) -> None:
 @report_errors
 def train_command(cfg: DictConfig) -> None:
     """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]: a ViT from scratch or a text fine-tune"""
-    from symfusion.stages.train import run_train
-    from symfusion.tasks import profile_model
+    from symfusion.pipeline.stages.train import run_train
+    from symfusion.pipeline.tasks import profile_model
 
     if not cfg.output:
         raise SymfusionError("output=DIR is required")
@@ -124,7 +124,7 @@ def merge_command(cfg: DictConfig) -> None:
     """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
     or, several methods merged and evaluated in one process (no model folder written):
     symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]]"""
-    from symfusion.stages.merge import fusion_config, run_merge, run_merge_evaluate
+    from symfusion.pipeline.stages.merge import fusion_config, run_merge, run_merge_evaluate
 
     tasks = _tasks(cfg, "tasks")
     if cfg.get("methods"):
@@ -151,8 +151,8 @@ def merge_command(cfg: DictConfig) -> None:
 def statistics_command(cfg: DictConfig) -> None:
     """symfusion-statistics task=NAME model_dir=DIR methods=[fisher,regmean] output=FILE.safetensors
     [method_options={fisher: {num_batches: 2}}]: one model's Fisher / Gram statistics, for merges that fuse it unmoved"""
-    from symfusion.stages.merge import fusion_config
-    from symfusion.stages.statistics import run_statistics
+    from symfusion.pipeline.stages.merge import fusion_config
+    from symfusion.pipeline.stages.statistics import run_statistics
 
     options = _container(cfg.get("method_options")) or {}
     fusions = [fusion_config(name, options.get(name)) for name in _container(cfg.methods)]
@@ -165,7 +165,7 @@ def statistics_command(cfg: DictConfig) -> None:
 def evaluate_command(cfg: DictConfig) -> None:
     """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test] [head_from=DIR]
     or, several tasks in one process: tasks=[T1,T2] heads=[DIR1,DIR2] (each task with its model's head)"""
-    from symfusion.stages.evaluate import run_evaluate
+    from symfusion.pipeline.stages.evaluate import run_evaluate
 
     if cfg.get("tasks"):
         tasks = _tasks(cfg, "tasks")
@@ -181,7 +181,7 @@ def evaluate_command(cfg: DictConfig) -> None:
 @report_errors
 def barrier_command(cfg: DictConfig) -> None:
     """symfusion-barrier task=NAME anchor=DIR source=DIR output=FILE.json [points=11]"""
-    from symfusion.stages.barrier import run_barrier
+    from symfusion.pipeline.stages.barrier import run_barrier
 
     report = run_barrier(cfg.anchor, cfg.source, _task(cfg), cfg.output, int(cfg.points), cfg.split,
                          _resolved(cfg), examples=cfg.get("examples"))
@@ -191,7 +191,7 @@ def barrier_command(cfg: DictConfig) -> None:
 @report_errors
 def layers_command(cfg: DictConfig) -> None:
     """symfusion-layers anchor=DIR source=DIR tasks=[T_ANCHOR,T_SOURCE] output=FILE.json [matching=NAME] [examples=N]"""
-    from symfusion.stages.layers import run_layer_sweep
+    from symfusion.pipeline.stages.layers import run_layer_sweep
 
     if not cfg.get("tasks"):
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK] is required")
@@ -204,7 +204,7 @@ def layers_command(cfg: DictConfig) -> None:
 @report_errors
 def multimodel_command(cfg: DictConfig) -> None:
     """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR matching.multi=anchor|barycenter]"""
-    from symfusion.stages.multimodel import run_multimodel
+    from symfusion.pipeline.stages.multimodel import run_multimodel
 
     report = run_multimodel(_container(cfg.models) or [], cfg.output, _matching(cfg), cfg.matching.name,
                             _resolved(cfg), output_models_dir=cfg.output_models,
@@ -218,7 +218,7 @@ def multimodel_command(cfg: DictConfig) -> None:
 @report_errors
 def report_command(cfg: DictConfig) -> None:
     """symfusion-report artefact=NAME inputs=[FILES] output=PATH"""
-    from symfusion.report.artefacts import run_report
+    from symfusion.pipeline.report.artefacts import run_report
 
     rows = run_report(cfg.artefact, _container(cfg.inputs) or [], cfg.output)
     print(f"{cfg.artefact}: {len(rows)} rows -> {cfg.output}")
@@ -337,10 +337,10 @@ data_main, train_main, match_main, merge_main, statistics_main, evaluate_main, b
     multimodel_main, report_main = (entry(name, command) for name, command in COMMANDS.items())
 
 # What the warm worker imports before it forks: every stage, so that no job imports torch or transformers again.
-WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.tasks", "symfusion.matching",
-                  "symfusion.stages.data", "symfusion.stages.train", "symfusion.stages.match",
-                  "symfusion.stages.merge", "symfusion.stages.statistics", "symfusion.stages.evaluate",
-                  "symfusion.stages.barrier", "symfusion.stages.layers", "symfusion.stages.multimodel", "symfusion.report.artefacts",
+WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.pipeline.tasks", "symfusion.matching",
+                  "symfusion.pipeline.stages.data", "symfusion.pipeline.stages.train", "symfusion.pipeline.stages.match",
+                  "symfusion.pipeline.stages.merge", "symfusion.pipeline.stages.statistics", "symfusion.pipeline.stages.evaluate",
+                  "symfusion.pipeline.stages.barrier", "symfusion.pipeline.stages.layers", "symfusion.pipeline.stages.multimodel", "symfusion.pipeline.report.artefacts",
                   "transformers.models.auto.tokenization_auto")
 # ... and what the stages import lazily when a job needs it (each cost a forked job 1-3 CPU s): the
 # pipeline's packages (metrics, optimal transport, spaCy; skipped when not installed) and, in
@@ -349,8 +349,8 @@ WORKER_PRELOAD_OPTIONAL = ("sklearn.metrics", "seqeval.metrics", "seqeval.scheme
 
 
 def worker_modules() -> list[str]:
-    """WORKER_PRELOAD, then transformers.models.<type>.modeling_<type> of every model type in arch.MODEL_TYPES."""
-    from symfusion.arch import MODEL_TYPES
+    """WORKER_PRELOAD, then transformers.models.<type>.modeling_<type> of every model type in families.MODEL_TYPES."""
+    from symfusion.families import MODEL_TYPES
 
     families = [f"transformers.models.{t}.modeling_{t}" for t in (m.replace("-", "_") for m in MODEL_TYPES)]
     return list(WORKER_PRELOAD) + families

@@ -7,7 +7,8 @@ from typing import Mapping
 
 import torch
 
-from symfusion.arch import ModelLayout, family_spec
+from symfusion.arch import ModelLayout
+from symfusion.families import family_spec
 
 
 BLOCK = 2**20          # elements per float64 block: 8 MiB, reused by the allocator (a whole embedding table

@@ -26,7 +26,8 @@ import torch
 import transformers
 from safetensors import safe_open
 
-from symfusion.arch import ModelLayout, check_compatible, check_same_layout, layout_of, resolve_layers
+from symfusion.arch import ModelLayout, check_same_layout, layout_of, resolve_layers
+from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.modelio import copy_auxiliary_files, load_config, model_class

@@ -4,10 +4,10 @@ import subprocess
 import tempfile
 import time
 
-WORKER_VARIABLE = "SYMFUSION_WORKER"   # read by every stage command (src/symfusion/warm.py)
+WORKER_VARIABLE = "SYMFUSION_WORKER"   # read by every stage command (src/symfusion/pipeline/warm.py)
 
 
-# The warm worker (src/symfusion/warm.py), for a run on this machine: one process imports the stages once
+# The warm worker (src/symfusion/pipeline/warm.py), for a run on this machine: one process imports the stages once
 # and each job's command runs in a child forked from it (about 5 CPU seconds of imports saved per job).
 # `--config warm_worker=false` gives every job its own process again; a cluster's jobs always have their own.
 WORKER = {}

@@ -7,7 +7,7 @@ or badly typed option is a one-line SymfusionError naming it), fills in the defa
 per-family values before the maths runs.
 
 Per-family values. Any option may be given as one value or as a mapping from model family
-(arch.FAMILIES, i.e. config.model_type) to value, with an optional `default` entry for the other
+(families.FAMILIES, i.e. config.model_type) to value, with an optional `default` entry for the other
 families: `normalize: {vit: param, default: none}`. The references ran the ViT experiments and the
 language experiments with different settings; conf/fusion/<name>.yaml states both this way, so the
 same file serves the vision and the language merges.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from symfusion.arch import FAMILIES
+from symfusion.families import FAMILIES
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from symfusion.arch import ModelLayout, check_compatible, check_same_layout, layout_of
+from symfusion.arch import ModelLayout, check_same_layout, layout_of
+from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of, first_examples
 from symfusion.fusion.options import FusionMethod, Option

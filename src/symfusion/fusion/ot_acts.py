@@ -31,7 +31,8 @@ from collections import defaultdict
 
 import torch
 
-from symfusion.arch import FAMILIES, ModelLayout, Projection
+from symfusion.arch import ModelLayout, Projection
+from symfusion.families import FAMILIES
 from symfusion.errors import SymfusionError
 from symfusion.fusion.ot_align import TransportMaps, keys_at
 from symfusion.fusion.ot_wts import vit_value_maps

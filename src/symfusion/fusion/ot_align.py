@@ -36,7 +36,8 @@ from typing import Mapping
 
 import torch
 
-from symfusion.arch import FAMILIES, FamilySpec, ModelLayout, Projection
+from symfusion.arch import ModelLayout, Projection
+from symfusion.families import FAMILIES, FamilySpec
 from symfusion.errors import SymfusionError
 
 RESIDUAL_POLICIES = ("mean", "no_resid", "only_resid")
@@ -132,7 +133,7 @@ def place_of(key: str, spec: FamilySpec, prefixes: list[str]) -> tuple[str, int 
     inside = position in ("in", "mid", "out")
     if inside != (layer is not None):
         raise SymfusionError(f"{key!r} is placed at {position!r} in the {spec.name} family's stream, "
-                             "which does not fit where its key is; fix the family's stream in symfusion/arch.py")
+                             "which does not fit where its key is; fix the family's stream in symfusion/families.py")
     return position, layer
 
 

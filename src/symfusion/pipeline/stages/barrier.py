@@ -1,0 +1,34 @@
+"""The barrier stage: loss and accuracy along the linear path between an anchor and a (matched) source folder."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from symfusion.interpolation import loss_path
+from symfusion.modelio import write_json
+from symfusion.outputs import file_marker, safe_output
+from symfusion.provenance import provenance
+from symfusion.pipeline.stages.common import load_models, matching_of
+
+BARRIER_MARKER = file_marker(("path", "barrier"))
+
+
+def run_barrier(anchor: str, source: str, task, output: str, points: int = 11, split: str = "test",
+                resolved_config: dict | None = None, examples: int | None = None) -> dict:
+    """The loss path between `anchor` and `source` on a task object's split, as JSON (`examples`: a seeded
+    subset of the split; 11 points x 4 paths x 10,000 images is slow on a laptop)."""
+    with safe_output(output, "symfusion-barrier", BARRIER_MARKER, inputs=[anchor, source]) as claim:
+        anchor_model, source_model = load_models([anchor, source])
+        anchor_state = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
+        source_state = {k: v.detach().clone() for k, v in source_model.state_dict().items()}
+        start = time.perf_counter()
+        result = loss_path(source_model, anchor_state, source_state,
+                           lambda m: task.evaluate(m, split, model_dir=source, examples=examples), points)
+        report = {
+            "anchor": anchor, "source": source, "matching": matching_of(Path(source)), "task": task.name,
+            "split": split, "examples": examples, **result, "seconds": time.perf_counter() - start,
+            "provenance": provenance(resolved_config),
+        }
+        with claim.writing() as tmp:
+            write_json(report, tmp)
+    return report

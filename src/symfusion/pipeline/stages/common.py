@@ -1,0 +1,117 @@
+"""What several stages share: loading and checking model folders, fusion statistic batches, and checking that a symmetry kept the function."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from symfusion.arch import check_finite
+from symfusion.families import check_compatible, family_spec
+from symfusion.errors import SymfusionError
+from symfusion.measures import model_outputs, probe_inputs
+from symfusion.modelio import load_config, load_model
+
+
+def require_folder(value, name: str) -> Path:
+    """An existing folder given as `name=DIR`, or a one-line error."""
+    if not value:
+        raise SymfusionError(f"{name}=DIR is required (a save_pretrained model folder)")
+    path = Path(value)
+    if not path.is_dir():
+        raise SymfusionError(f"{name}={value}: no such directory")
+    return path
+
+
+def matching_of(model_dir: Path) -> str:
+    """The matching a model folder went through ('none' for an end model)."""
+    match_json = Path(model_dir) / "match.json"
+    return json.loads(match_json.read_text())["matching"] if match_json.is_file() else "none"
+
+
+def check_same_shapes(models: list, dirs: list[Path]) -> None:
+    """Raise naming the first tensor whose shape differs (e.g. task heads with other label counts)."""
+    reference = models[0].state_dict()
+    for path, model in zip(dirs[1:], models[1:]):
+        for key, tensor in model.state_dict().items():
+            if key not in reference or reference[key].shape != tensor.shape:
+                found = tuple(reference[key].shape) if key in reference else "missing"
+                raise SymfusionError(
+                    f"{path} and {dirs[0]} differ in {key!r} ({tuple(tensor.shape)} vs {found}); "
+                    "models with different task heads cannot be fused whole: fuse models of one label space"
+                )
+
+
+def check_same_body(model, other, path, other_path) -> None:
+    """Raise naming the first body tensor (embeddings, layers) whose shape differs between two models;
+    task heads may differ (models of different tasks are matched and their bodies fused)."""
+    state, others = model.state_dict(), other.state_dict()
+    for key in family_spec(model.config).body_keys(state):
+        if key not in others or others[key].shape != state[key].shape:
+            found = tuple(others[key].shape) if key in others else "missing"
+            raise SymfusionError(f"{path} and {other_path} differ in {key!r} ({tuple(state[key].shape)} vs {found}); "
+                                 "they are not models of one architecture")
+
+
+def load_models(paths: list[str], same_shapes: bool = True) -> list[torch.nn.Module]:
+    """Models in order (the first is the anchor), after checking they exist, are compatible and finite.
+
+    same_shapes=False allows different task heads (models of different tasks whose bodies are fused).
+    """
+    if not paths or len(paths) < 2:
+        raise SymfusionError("models=[ANCHOR,SOURCE,...] needs at least two model folders")
+    dirs = [Path(p) for p in paths]
+    for path in dirs:
+        if not path.is_dir():
+            raise SymfusionError(f"model folder {path} does not exist")
+    configs = [load_config(p) for p in dirs]
+    for path, config in zip(dirs[1:], configs[1:]):
+        check_compatible(config, configs[0], str(path), str(dirs[0]))
+    models = [load_model(p) for p in dirs]
+    for path, model in zip(dirs, models):
+        check_finite(model.state_dict(), f"model {path}")
+    if same_shapes:
+        check_same_shapes(models, dirs)
+    return models
+
+
+def model_batches(models: list[str], tasks: list, num_batches: int) -> list:
+    """Statistic batches: one list shared by all models (one task), or each model's own task's batches."""
+    if len(tasks) == 1:
+        return tasks[0].statistic_batches(num_batches, models[0])
+    if len(tasks) != len(models):
+        raise SymfusionError(f"{len(tasks)} tasks for {len(models)} models: give one task, or one per model")
+    return [task.statistic_batches(num_batches, model) for task, model in zip(tasks, models)]
+
+
+def fusion_batches(models: list[str], tasks: list, fusion: dict, cache: dict) -> list | None:
+    """The statistic batches `fusion` asks for (its num_batches), built once per count and shared by methods."""
+    if "num_batches" not in fusion:
+        return None
+    count = int(fusion["num_batches"])
+    if count not in cache:
+        cache[count] = model_batches(models, tasks, count)
+    return cache[count]
+
+
+def function_change(model: torch.nn.Module, new_state: dict, seed: int = 0, batch_size: int = 2,
+                    seq_len: int = 16) -> tuple[float, float]:
+    """(max |f_new(x) - f(x)|, relative to max(1, max |f(x)|)) on probe inputs; `model` ends holding new_state."""
+    inputs = probe_inputs(model.config, batch_size, seq_len, seed)
+    before = model_outputs(model, inputs)
+    model.load_state_dict(new_state)
+    change = (model_outputs(model, inputs) - before).abs().max().item()
+    return change, change / max(1.0, before.abs().max().item())
+
+
+def check_function_preserved(model: torch.nn.Module, new_state: dict, limit: float, what: str, output,
+                             **probe) -> tuple[float, float]:
+    """Load new_state into `model` and refuse (one-line error) when its outputs moved by more than `limit`
+    (relative): a symmetry must not change the function. Returns (change, relative change)."""
+    change, relative = function_change(model, new_state, **probe)
+    if relative > limit:
+        raise SymfusionError(
+            f"{what} changes its outputs by {change:.3g} (relative {relative:.3g} > {limit}); "
+            f"not writing {output}. Run in float64 or report this as a bug"
+        )
+    return change, relative
