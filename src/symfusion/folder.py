@@ -7,7 +7,8 @@ regular file that really lives inside the folder after every symbolic link is fo
 can never make a reader open, or a writer that keeps the source's shard names create, a file outside
 the folder it was given. `weight_map` reads a folder's index (or its single file) and checks it
 against the shards' own headers: every listed tensor is in the shard the index names, no shard holds
-a tensor the index does not list, every shard is a readable safetensors file. Every failure is one
+a tensor the index does not list, every shard is a readable safetensors file, every weight and bias is
+stored in a floating-point dtype. Every failure is one
 SymfusionError line.
 """
 from __future__ import annotations
@@ -88,13 +89,26 @@ def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                              "re-export the model") from error
 
 
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
+
+
+def check_parameters(header: dict[str, tuple[str, tuple[int, ...]]], path: Path) -> None:
+    """Refuse (one line) a weight or bias stored in an integer or boolean dtype: every parameter of the supported
+    families is floating point (buffers such as position_ids may be integers)."""
+    for key, (dtype, _) in header.items():
+        if key.endswith((".weight", ".bias")) and dtype not in FLOAT_DTYPES:
+            raise SymfusionError(f"{path} stores {key!r} as {dtype}, not a floating-point type; re-export the model")
+
+
 def weight_map(folder: str | Path) -> tuple[dict[str, str], dict | None]:
     """(tensor name -> shard file name, the index's metadata or None for a single-file folder), checked
     against the shards' headers; refuses pickle-only folders and any index naming files outside the folder."""
     folder = Path(folder)
     if os.path.lexists(folder / SINGLE):
         path = model_file(folder, SINGLE)
-        return {key: SINGLE for key in shard_header(path)}, None
+        header = shard_header(path)
+        check_parameters(header, path)
+        return {key: SINGLE for key in header}, None
     if not os.path.lexists(folder / INDEX):
         pickles = [name for name in PICKLE_WEIGHTS if (folder / name).is_file()]
         if pickles:
@@ -115,6 +129,7 @@ def weight_map(folder: str | Path) -> tuple[dict[str, str], dict | None]:
             raise SymfusionError(f"{where} names the shard {shard!r}, not a .safetensors file; re-export the model")
         listed = {key for key, value in mapping.items() if value == shard}
         held = shard_header(model_file(folder, shard, where))
+        check_parameters(held, folder / shard)
         missing, extra = sorted(listed - set(held)), sorted(set(held) - listed)
         if missing:
             raise SymfusionError(f"{where} puts {missing[0]!r} in {shard}, which does not hold it"
@@ -124,5 +139,5 @@ def weight_map(folder: str | Path) -> tuple[dict[str, str], dict | None]:
     return dict(mapping), metadata
 
 
-__all__ = ["INDEX", "SINGLE", "PICKLE_WEIGHTS", "first_line", "inside", "plain_name", "model_file", "read_json",
+__all__ = ["INDEX", "SINGLE", "PICKLE_WEIGHTS", "FLOAT_DTYPES", "check_parameters", "first_line", "inside", "plain_name", "model_file", "read_json",
            "shard_header", "weight_map"]

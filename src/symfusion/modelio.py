@@ -19,7 +19,7 @@ import torch
 import transformers
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
-from symfusion.folder import INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
+from symfusion.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
     shard_header, weight_map
 
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
@@ -28,7 +28,6 @@ transformers.utils.logging.set_verbosity_error()    # load reports are turned in
 # Files a model folder carries beside weights and config (tokenizers, image processors).
 AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
                       "preprocessor_config.json", "*.model", "sentencepiece*")
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
 
 
 def compute_device() -> torch.device:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
+from transformers.core_model_loading import revert_weight_conversion
 
 from symfusion.folder import INDEX, model_file
 from symfusion.modelio import copy_auxiliary_files
-from symfusion.sharded import ShardWriter, ShardedFolder
+from symfusion.sharded import ShardWriter, ShardedFolder, check_shard_names
 
 # Files copied as they are from the source folder beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -28,6 +29,31 @@ CONFIG_FILES = ("config.json", "generation_config.json")
 def stored_dtypes(source: str | Path) -> dict[str, torch.dtype]:
     """Tensor name -> dtype of every tensor in a model folder's safetensors files (headers only)."""
     return {key: tensor.dtype for key, tensor in ShardedFolder(source).meta_state().items()}
+
+
+def file_names(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (the model's state-dict names) under the names its checkpoint files use: transformers renames some
+    families' tensors on load (ViT's attention.attention.query -> attention.q_proj) and back in save_pretrained."""
+    return revert_weight_conversion(model, dict(state))
+
+
+def plan_like(model: torch.nn.Module, source_state: Mapping[str, torch.Tensor],
+              moved_state: Mapping[str, torch.Tensor], source: str | Path) -> tuple[dict | None, dict]:
+    """(moved_state under the source files' names when every moved tensor has its own entry in the source's files,
+    else None: write with save_pretrained; state name -> the dtype the source's files store it in).
+
+    `model` holds `source_state`, loaded from the folder `source`. The dtypes say how a functional check must
+    round the moved weights to check what is written (as_stored)."""
+    files = stored_dtypes(source)
+    moved = file_names(model, moved_state)
+    original = file_names(model, source_state)
+    changed = [k for k, v in moved.items() if k not in original or not torch.equal(v, original[k])]
+    names = {id(t): k for k, t in source_state.items()}
+    dtypes = {names[id(t)]: files[k] for k, t in original.items() if id(t) in names and k in files}
+    floats = {d for d in files.values() if d.is_floating_point}
+    if len(floats) == 1:                       # renamed by a conversion that made new tensors: the folder's one dtype
+        dtypes.update({k: next(iter(floats)) for k, t in source_state.items() if t.is_floating_point() and k not in dtypes})
+    return (moved if all(k in files for k in changed) else None), dtypes
 
 
 def as_stored(state: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
@@ -41,17 +67,11 @@ def as_stored(state: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtyp
     return out
 
 
-def keeps_layout(source: str | Path, moved: Iterable[str]) -> bool:
-    """Whether every moved tensor has its own entry in the source's files (so write_like can place it);
-    a checkpoint saved under older tensor names may not."""
-    names = ShardedFolder(source).weight_map
-    return all(key in names for key in moved)
-
-
 def write_like(source: str | Path, state: Mapping[str, torch.Tensor], target: str | Path) -> None:
     """Write the source folder's weights into the new folder `target`, each tensor from `state` where it has it
     (cast to the source file's dtype) and from the source otherwise; then its index, configs and tokenizer."""
     src, target = ShardedFolder(source), Path(target)
+    check_shard_names(src)
     meta = src.meta_state()
     for shard, keys in src.shards().items():
         writer = ShardWriter(target / shard, {k: meta[k] for k in keys}, src.handle(shard).metadata())

@@ -226,13 +226,18 @@ class BlockCheck:
 WRITTEN_BESIDE_SHARDS = (INDEX, "config.json", "generation_config.json", "transform.safetensors", "match.json")
 
 
-def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch.Tensor]) -> None:
-    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose
-    tensors differ in shape from the anchor's tensors of the same name."""
+def check_shard_names(source: ShardedFolder) -> None:
+    """Refuse (one line) a source whose shard names a matched folder needs for its own files."""
     taken = sorted(set(source.weight_map.values()) & set(WRITTEN_BESIDE_SHARDS))
     if taken:
         raise SymfusionError(f"{source.path} has a shard named {taken[0]}, a name the matched folder needs for its "
                              "own file; rename the shard (and its index entries)")
+
+
+def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch.Tensor]) -> None:
+    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose
+    tensors differ in shape from the anchor's tensors of the same name."""
+    check_shard_names(source)
     for key, tensor in source.meta_state().items():
         if key in anchor_meta and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
             raise SymfusionError(f"source and anchor differ in {key!r} ({tuple(tensor.shape)} vs "
@@ -364,7 +369,8 @@ def whole_model_change(source: Path, matched: Path, seq_len: int = 16) -> float:
         model = model_class(config).from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
                                                     trust_remote_code=False).eval()
         with torch.no_grad():
-            outputs.append(model(input_ids=ids).logits)
+            result = model(input_ids=ids)       # a bare model (config without architectures): its hidden states
+            outputs.append(result.logits if getattr(result, "logits", None) is not None else result.last_hidden_state)
         del model
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()
 

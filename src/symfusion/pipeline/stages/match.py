@@ -12,7 +12,7 @@ from symfusion.measures import distance
 from symfusion.modelio import copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
-from symfusion.rewrite import as_stored, keeps_layout, stored_dtypes, write_like
+from symfusion.rewrite import as_stored, plan_like, write_like
 from symfusion.sharded import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, check_same_body, load_models, require_folder
 from symfusion.symmetry import apply_transform
@@ -55,11 +55,9 @@ def run_match(
         # distances first: load_state_dict below writes into the tensors that source_state holds
         before_dist = distance(source_state, anchor_state, layout)
         after_dist = distance(matched_state, anchor_state, layout)
-        moved = [k for k, v in matched_state.items() if not torch.equal(v, source_state[k])]
-        # the folder keeps the source's shards, index, dtypes and config (checkpoints saved under older tensor
-        # names: transformers' own layout); the check runs on the weights as stored (a float16 model's rounding)
-        same_layout = keeps_layout(source_dir, moved)
-        dtypes = stored_dtypes(source_dir) if same_layout else {}
+        # the folder keeps the source's shards, index, dtypes and config (where a moved tensor has no entry of its
+        # own in the source's files: transformers' layout); the check runs on the weights as stored (rounded)
+        file_state, dtypes = plan_like(model, source_state, matched_state, source_dir)
         limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, max_relative_output_change)
         change, relative = check_function_preserved(model, as_stored(matched_state, dtypes), limit,
                                                     "matched model", output, seed=seed, batch_size=probe_batch,
@@ -76,8 +74,8 @@ def run_match(
             "provenance": provenance(resolved_config, seed),
         }
         with claim.writing() as tmp:
-            if same_layout:
-                write_like(source_dir, matched_state, tmp)
+            if file_state is not None:
+                write_like(source_dir, file_state, tmp)
             else:
                 model.save_pretrained(str(tmp), safe_serialization=True)
                 copy_auxiliary_files(source_dir, tmp)
