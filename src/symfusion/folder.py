@@ -19,7 +19,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, as_symfusion_error
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -77,6 +77,11 @@ def read_json(folder: str | Path, name: str, what: str = "JSON file") -> object:
 
 def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensor name -> (safetensors dtype, shape) of one safetensors file (its header only), or a one-line error."""
+    try:
+        with open(path, "rb"):             # the system's own reason (permission denied, ...), which safe_open hides
+            pass
+    except OSError as error:
+        raise as_symfusion_error(error) from error
     try:
         with safe_open(str(path), framework="pt") as handle:
             header = {}
