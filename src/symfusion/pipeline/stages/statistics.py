@@ -149,7 +149,7 @@ def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resol
     folder = require_folder(model_dir, "model_dir")
     with safe_output(output, "symfusion-statistics", is_statistics_file, inputs=[folder]) as claim:
         model = load_model(folder)
-        task.check_model(model, f"model {folder}")
+        task.check_model(model, f"model {folder}", folder)
         model = model.to(compute_device())
         device = next(model.parameters()).device
         model_sha, family = model_digest(model), model.config.model_type

@@ -82,9 +82,9 @@ class ImageTask(Task):
     def num_labels(self) -> int:
         return self.split("train").num_classes
 
-    def check_model(self, model: torch.nn.Module, where: str = "the model") -> None:
+    def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
         """Also refuse (one line) a ViT whose config expects other images: channels, height or width."""
-        super().check_model(model, where)
+        super().check_model(model, where, model_dir)
         channels, height, width = self.split("train").image_shape
         config = model.config
         size = getattr(config, "image_size", None)
