@@ -23,9 +23,9 @@ from symfusion.errors import SymfusionError
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
 transformers.utils.logging.set_verbosity_error()    # load reports are turned into our own one-line errors
 
-# Files a model folder carries beside weights and config (tokenizers, image processors).
+# Files a model folder carries beside weights and config (tokenizers, chat templates, image processors).
 AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
-                      "preprocessor_config.json", "*.model", "sentencepiece*")
+                      "chat_template*", "preprocessor_config.json", "*.model", "sentencepiece*")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
