@@ -24,6 +24,7 @@ from symfusion.pipeline.stages.merge import fusion_config, run_merge_evaluate
 from symfusion.pipeline.stages.statistics import run_statistics
 from symfusion.matching import matching_config
 from symfusion.pipeline.tasks import CausalLMTask, causal_lm, lm_models, load_task, make_task
+from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model
 
 NOUNS = ["cat", "dog", "bird", "fox", "horse", "child", "farmer", "teacher"]
@@ -213,6 +214,10 @@ def test_the_task_refuses_what_it_cannot_train_or_score(trained, tmp_path):
         task.train(str(tmp_path / "y"), {"name": "half", "family": "llama", "hidden_size": 32}, 0)
     with pytest.raises(SymfusionError, match="not a causal language model"):
         task.evaluate(tiny_model("bert"), "test", root / "m0")
+    gpt2 = tiny_decoder("gpt2", vocab_size=300)                 # any causal LM of a supported family is scored
+    assert task.evaluate(gpt2, "test", root / "m0")["n"] == task.manifest()["splits"]["test"]["size"]
+    with pytest.raises(SymfusionError, match="has 300 tokens, the model's vocabulary 97"):
+        task.evaluate(tiny_decoder("llama"), "test", root / "m0")
     with pytest.raises(SymfusionError, match="causal_lm tasks read"):
         toy_task(["toy_fables"], source="rotten_tomatoes")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

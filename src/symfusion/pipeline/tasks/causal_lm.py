@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from symfusion.errors import SymfusionError
 from symfusion.modelio import load_model, load_tokenizer
@@ -26,6 +27,8 @@ from symfusion.pipeline.data.text.splits import SPLITS
 from symfusion.pipeline.tasks.base import Task, plain
 from symfusion.pipeline.tasks.lm_models import evaluate_causal_lm, llama_config, train_causal_lm
 
+# transformers' causal-LM classes (LlamaForCausalLM, GPT2LMHeadModel, ...): the models a causal_lm task scores
+CAUSAL_LM_CLASSES = frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 SOURCE = "lm_corpora"                     # the one source of language-modelling documents (data/text/lm.py)
 DECODER_FAMILIES = ("llama",)             # model configs a causal_lm task trains (from scratch, or a base to fine-tune)
 LIMIT_SEED, EXAMPLES_SEED, STATISTICS_SEED = 2, 3, 4      # offsets of split_seed for the seeded subsets of blocks
@@ -123,7 +126,7 @@ class CausalLMTask(Task):
     def check_model(self, model: torch.nn.Module, where: str = "the model") -> None:
         """Refuse (one line) a model that is no causal LM of a supported family."""
         super().check_model(model, where)
-        if not type(model).__name__.endswith("ForCausalLM"):
+        if type(model).__name__ not in CAUSAL_LM_CLASSES:
             raise SymfusionError(f"{where} is a {type(model).__name__}, not a causal language model; task {self.name} "
                                  "scores next-token predictions: give a *ForCausalLM folder (e.g. trained with "
                                  "model=llama_mini)")
