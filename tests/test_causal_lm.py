@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors import safe_open
 
 import symfusion.pipeline.data.text.lm as lm
 from symfusion import cli
@@ -192,6 +193,17 @@ def test_an_interrupted_decoder_training_resumes_to_the_same_weights(trained, tm
     assert report["resumed_after_epoch"] == 1 and report["history"] == reports[0]["history"]
     resumed, full = load_model(tmp_path / "resumed").state_dict(), load_model(root / "m0").state_dict()
     assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+def test_the_bf16_autocast_path_trains_a_decoder_and_saves_float32_weights(toy_corpora, tmp_path):
+    """precision=bf16 on the CPU keeps alive the path a GPU takes with precision=auto."""
+    task = toy_task(toy_corpora, train={"epochs": 1, "batch_size": 8, "lr": 1.0e-2, "weight_decay": 0.0,
+                                        "warmup_ratio": 0.1})
+    report = task.train(str(tmp_path / "bf16"), dict(TINY_LLAMA), 0, precision="bf16")
+    assert report["bf16_autocast"] and math.isfinite(report["validation_loss"])
+    assert report["validation_loss"] < task.manifest()["unigram_baseline"]["validation"]["loss"]
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), framework="pt") as handle:
+        assert {handle.get_slice(key).get_dtype() for key in handle.keys()} == {"F32"}
 
 
 def test_statistic_batches_are_seeded_validation_blocks(trained):
