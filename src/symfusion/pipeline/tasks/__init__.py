@@ -13,10 +13,11 @@ from omegaconf import DictConfig, OmegaConf
 from symfusion.config import load_group, profile_sources
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.base import Task
+from symfusion.pipeline.tasks.causal_lm import CausalLMTask
 from symfusion.pipeline.tasks.image import ImageTask
 from symfusion.pipeline.tasks.text import TextTask
 
-TASK_CLASSES: tuple[type[Task], ...] = (ImageTask, TextTask)
+TASK_CLASSES: tuple[type[Task], ...] = (ImageTask, TextTask, CausalLMTask)
 KIND_CLASSES: dict[str, type[Task]] = {kind: cls for cls in TASK_CLASSES for kind in cls.kinds}
 TASK_KINDS = tuple(KIND_CLASSES)
 
@@ -28,15 +29,16 @@ def load_task(name: str) -> DictConfig:
 
 def sized_task(task: DictConfig, profile=None) -> DictConfig:
     """A task as the profile runs it: where its data come from (profile.sources: the stand-ins' manifest of the
-    rehearsal profile), and its size (text tasks: language.task_patch and .source_patch[source]; the image
-    task: vision.task_patch). The smoke profile shrinks every text task this way."""
+    rehearsal profile), and its size: the task_patch of the profile section its kind reads (Task.profile_section:
+    language, vision, decoder), and for text tasks also language.source_patch[source]. The smoke profile shrinks
+    every text task this way."""
     profile = profile or {}
     patches = [profile_sources(profile).get("tasks", {}).get(task.get("name")) or {}]
-    if KIND_CLASSES.get(task.get("kind")) is TextTask:
-        language = profile.get("language") or {}
-        patches += [language.get("task_patch") or {}, (language.get("source_patch") or {}).get(task.source) or {}]
-    else:
-        patches += [(profile.get("vision") or {}).get("task_patch") or {}]
+    cls = KIND_CLASSES.get(task.get("kind"), ImageTask)
+    section = profile.get(cls.profile_section) or {}
+    patches += [section.get("task_patch") or {}]
+    if cls is TextTask:
+        patches += [(section.get("source_patch") or {}).get(task.source) or {}]
     patches = [p for p in patches if p]
     # patches may add keys (a local `dataset` option): merge into a plain copy, not Hydra's struct config
     return OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(task, resolve=True)), *patches) if patches else task
@@ -58,4 +60,5 @@ def make_task(task: DictConfig | str, profile=None) -> Task:
     return KIND_CLASSES[kind](cfg)
 
 
-__all__ = ["Task", "ImageTask", "TextTask", "TASK_KINDS", "load_task", "sized_task", "make_task", "profile_model"]
+__all__ = ["Task", "ImageTask", "TextTask", "CausalLMTask", "TASK_KINDS", "load_task", "sized_task", "make_task",
+           "profile_model"]

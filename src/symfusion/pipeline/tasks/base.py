@@ -26,6 +26,7 @@ class Task(ABC):
     kinds: tuple[str, ...] = ()
     metric: str = "accuracy"
     inputs: str = "tokens"          # what its models read (arch.FamilySpec.inputs): "tokens" or "pixels"
+    profile_section: str = ""       # the profile section whose task_patch sizes it (tasks.sized_task)
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -55,6 +55,7 @@ class ImageTask(Task):
     kinds = ("image",)
     metric = "accuracy"
     inputs = "pixels"
+    profile_section = "vision"
 
     def splits(self) -> dict:
         """{"train", "validation", "test"} ImageDatasets (cached per process)."""

@@ -36,6 +36,7 @@ class TextTask(Task):
 
     kinds = KINDS
     metric = "accuracy"
+    profile_section = "language"
 
     def __init__(self, cfg):
         super().__init__(cfg)

