@@ -131,3 +131,18 @@ def test_qwen3_keeps_its_qk_norms_and_still_matches_the_stream():
     result = match_models(source, state, layout, config)
     assert distance(apply_transform(source, layout, result.transform), state)["total"] < 1e-8
     assert isinstance(result.transform, Transform)
+
+
+def test_align_of_two_modules_matches_the_whole_group_and_keeps_the_function():
+    import symfusion
+    anchor, source = build("dec", "llama", {"num_key_value_heads": 2, "tie_word_embeddings": True}, seed=1), \
+        build("dec", "llama", {"num_key_value_heads": 2, "tie_word_embeddings": True}, seed=2)
+    matched, report = symfusion.align(source, anchor, matching="full_symmetry")
+    assert report["residual"]["group"] == "signed_permutation"            # tied: the final norm cannot fold
+    # the descent's distance is the folded one (random tiny models have gains near 0, which the anchor's gauge,
+    # dividing by them, inflates: the stored distance is not what it minimises)
+    assert report["residual"]["folded_distance"] < report["residual"]["folded_distance_blocks_only"]
+    assert report["relative_output_change"] < 1e-6
+    assert matched.lm_head.weight is matched.model.embed_tokens.weight
+    with pytest.raises(SymfusionError, match="give data"):
+        symfusion.align(source, anchor, matching="full_symmetry_learned")

@@ -24,7 +24,7 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
-from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs
 from symfusion.modelio import write_json
 from symfusion.outputs import folder_marker, safe_output
@@ -38,16 +38,22 @@ MATCHED_FOLDER = folder_marker("match.json", ("distance_after",))
 
 
 def align(source, anchor, matching: MatchConfig | str = "rotation", output: str | Path | None = None,
-          layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3):
+          layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3,
+          data: list[dict] | None = None):
     """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
     matching: a matching variant of conf/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
-    git_rebasin, ...) or a MatchConfig. layers / last_layers: match only some layers.
+    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, ...) or a MatchConfig. layers /
+    last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
+    activations or the loss (full_symmetry_learned; modules only).
     """
     config = matching_config(matching) if isinstance(matching, str) else matching
+    if config.needs_data and not data:
+        raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
+                             "with labels]")
     if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-        return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change)
+        return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
     if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
         return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers, max_relative_output_change)
     raise SymfusionError(
@@ -55,7 +61,7 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     )
 
 
-def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float):
+def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float, data=None):
     check_compatible(source.config, anchor.config)
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
     # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
@@ -67,7 +73,9 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
     layout = layout_of(source.config, state)
     check_same_layout(layout, layout_of(anchor.config, anchor_state))
     start = time.perf_counter()
-    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers)
+    match_data = MatchData(copy.deepcopy(source).float(), list(data)) if data else None
+    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
+                          tied=_tied(source))
     moved = apply_transform(state, layout, result.transform)
     seconds = time.perf_counter() - start
     matched = copy.deepcopy(source)
@@ -89,8 +97,16 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
         "distance_after": after_dist["total"], "distance_before_by_module": before_dist,
         "distance_after_by_module": after_dist, "relative_output_change": change, "tolerance": limit,
         "seconds": seconds, "seconds_by_stage": result.seconds, "transform": result.transform,
+        "residual": result.residual,
     }
     return matched.eval(), report
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    """Whether the module's output embeddings are its input embeddings (one parameter)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    weight = getattr(head, "weight", None)
+    return weight is not None and weight is getattr(embeddings, "weight", None)
 
 
 def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, layers, last_layers, tolerance: float):
