@@ -127,7 +127,7 @@ def test_align_errors_are_one_line(tmp_path):
     ]
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text((a_dir / "config.json").read_text())
-    cases.append((lambda: symfusion.align(str(tmp_path / "empty"), str(a_dir), output=tmp_path / "o"), "no model.safetensors"))
+    cases.append((lambda: symfusion.align(str(tmp_path / "empty"), str(a_dir), output=tmp_path / "o"), "has no weights"))
     for call, message in cases:
         with pytest.raises(SymfusionError, match=message) as error:
             call()

@@ -1,4 +1,5 @@
-"""Pinned Hub revisions in conf/ and the presets, placeholder refusals, and safetensors-only base-model folders."""
+"""Pinned Hub revisions in conf/ and the presets, refs pinned on first download through the lock file, and
+safetensors-only base-model folders."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from symfusion.pipeline.data import load_image_splits
 from symfusion.pipeline.data.text import load_text_splits
 from symfusion.pipeline.data.text.hub import HUB_TEXT_PRESETS
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.revisions import UNPINNABLE, is_pinned, is_placeholder, unpinned
+from symfusion.pipeline import revisions
+from symfusion.pipeline.revisions import LOCK_VARIABLE, LOCKED_REFS, is_pinned, pin_revision, read_lock
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -43,39 +45,107 @@ def hub_specs() -> dict[str, tuple[str, object]]:
     return specs
 
 
-def test_every_hub_source_in_conf_is_pinned_or_listed_as_unpinnable():
+def test_every_hub_source_in_conf_is_pinned_or_a_listed_ref():
     specs = hub_specs()
     paper = OmegaConf.load(CONF / "profile" / "paper.yaml")
     language = paper.language
     paper_tasks = [paper.vision.task, *language.emotion, *language.ner, language.ner_ood, *language.glue]
     assert {f"task {t}" for t in paper_tasks} | {f"model {m}" for m in language.models} <= set(specs)
     for where, (repo, revision) in specs.items():
-        assert is_pinned(revision) or (is_placeholder(revision) and repo in UNPINNABLE), (where, repo, revision)
-    used = {repo for repo, revision in specs.values() if is_placeholder(revision)}
-    assert used == set(UNPINNABLE), "UNPINNABLE lists a repository no placeholder uses (or misses one)"
+        assert is_pinned(revision) or (isinstance(revision, str) and repo in LOCKED_REFS), (where, repo, revision)
+    used = {repo for repo, revision in specs.values() if not is_pinned(revision)}
+    assert used == set(LOCKED_REFS), "LOCKED_REFS lists a repository no ref uses (or misses one)"
     assert specs["model roberta_base"] == ("FacebookAI/roberta-base", "e2da8e2f811d1448a5b465c236feacd80ffbac7b")
-    assert specs["model deberta_v3_large"] == ("microsoft/deberta-v3-large", unpinned("refs/pr/4"))
+    assert specs["model deberta_v3_large"] == ("microsoft/deberta-v3-large", "refs/pr/4")
 
 
-def test_every_preset_is_pinned_or_listed():
+def test_every_preset_is_pinned_or_a_listed_ref():
     for name, preset in HUB_TEXT_PRESETS.items():
         revision = preset.get("revision")
-        assert is_pinned(revision) or (is_placeholder(revision) and preset["dataset"] in UNPINNABLE), name
+        assert is_pinned(revision) or preset["dataset"] in LOCKED_REFS, name
 
 
-@pytest.mark.parametrize("call", [
-    lambda tmp: hub_folder("microsoft/deberta-v3-large", tmp, unpinned("refs/pr/4")),
-    lambda tmp: resolve_base("hub:microsoft/deberta-v3-large", revision=unpinned("refs/pr/4"), cache_dir=tmp),
-    lambda tmp: load_text_splits("hub_preset", preset="conll2003", hf_cache_dir=str(tmp)),
-    lambda tmp: load_text_splits("hub_preset", preset="ontonotes_bc", hf_cache_dir=str(tmp)),
-    lambda tmp: load_image_splits("hub", dataset="uoft-cs/cifar10", revision=unpinned("main")),
-])
-def test_placeholders_are_refused_before_the_hub_is_asked(call, tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)          # the refusal, not the offline switch, must stop it
+@pytest.fixture
+def lock(tmp_path, monkeypatch):
+    """A fresh lock file path, Hub access allowed, and a fake Hub whose refs point where `heads` says."""
+    path = tmp_path / "project" / "hub-revisions.lock.json"
+    path.parent.mkdir()
+    monkeypatch.setenv(LOCK_VARIABLE, str(path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    heads, asked = {}, []
+
+    def fake_commit(repo_id, ref, repo_type):
+        asked.append((repo_type, repo_id, ref))
+        return heads[(repo_id, ref)]
+
+    monkeypatch.setattr(revisions, "hub_commit", fake_commit)
+    return path, heads, asked
+
+
+def test_a_ref_is_pinned_on_first_use_and_the_lock_file_is_enforced(lock):
+    path, heads, asked = lock
+    heads[("microsoft/deberta-v3-large", "refs/pr/4")] = "a" * 40
+    assert pin_revision("microsoft/deberta-v3-large", "refs/pr/4", "model", "here") == "a" * 40
+    assert read_lock(path) == {"model microsoft/deberta-v3-large@refs/pr/4": {"commit": "a" * 40,
+                                                                             "resolved": read_lock(path)[
+                                                                                 "model microsoft/deberta-v3-large@refs/pr/4"]["resolved"]}}
+    heads[("microsoft/deberta-v3-large", "refs/pr/4")] = "b" * 40                 # the ref moves on the Hub ...
+    assert pin_revision("microsoft/deberta-v3-large", "refs/pr/4", "model", "here") == "a" * 40   # ... the lock holds
+    assert asked == [("model", "microsoft/deberta-v3-large", "refs/pr/4")]        # asked once, at the first download
+    assert pin_revision("org/x", "c" * 40, "model", "here") == "c" * 40           # a commit is used as it is
+    assert pin_revision("org/x", None, "model", "here") is None
+    assert len(asked) == 1
+
+
+def test_every_hub_loader_reads_a_ref_at_its_locked_commit(lock, tmp_path, monkeypatch):
+    path, heads, asked = lock
+    seen = []
+    monkeypatch.setattr("huggingface_hub.snapshot_download",
+                        lambda repo_id, revision=None, local_dir=None, allow_patterns=None: seen.append(revision)
+                        or _model_folder(Path(local_dir), {"model.safetensors": {"w": torch.zeros(1)}}))
+    heads[("microsoft/deberta-v3-large", "refs/pr/4")] = "d" * 40
+    record = resolve_base("hub:microsoft/deberta-v3-large", revision="refs/pr/4", cache_dir=tmp_path / "cache")
+    assert record.revision == "d" * 40 and seen == ["d" * 40]                     # provenance records the commit
+    assert Path(record.folder).name == f"microsoft__deberta-v3-large@{'d' * 40}"
+
+    class Refused(Exception):
+        pass
+
+    def fake_load(dataset, *args, revision=None, **kwargs):
+        seen.append(revision)
+        raise Refused
+    monkeypatch.setattr("datasets.load_dataset", fake_load)
+    heads[("eriktks/conll2003", "refs/convert/parquet")] = "e" * 40
+    with pytest.raises(SymfusionError):
+        load_text_splits("hub_preset", preset="conll2003", hf_cache_dir=str(tmp_path / "hf"))
+    heads[("uoft-cs/cifar10", "main")] = "f" * 40
+    with pytest.raises(SymfusionError):
+        load_image_splits("hub", dataset="uoft-cs/cifar10", revision="main")
+    assert seen[1:] == ["e" * 40, "f" * 40]
+    assert {entry["commit"] for entry in read_lock(path).values()} == {"d" * 40, "e" * 40, "f" * 40}
+
+
+def test_offline_a_ref_missing_from_the_lock_file_is_one_line(lock, monkeypatch):
+    path, heads, asked = lock
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.snapshot_download", lambda *a, **k: pytest.fail("the Hub was asked"))
-    with pytest.raises(SymfusionError, match="has no pinned revision") as error:
-        call(tmp_path)
-    assert "\n" not in str(error.value) and ("set that 40-hex commit" in str(error.value))
+    for call in (lambda: hub_folder("microsoft/deberta-v3-large", path.parent, "refs/pr/4"),
+                 lambda: load_text_splits("hub_preset", preset="ontonotes_bc", hf_cache_dir=str(path.parent))):
+        with pytest.raises(SymfusionError, match="not pinned in .* yet and HF_HUB_OFFLINE=1") as error:
+            call()
+        assert "\n" not in str(error.value)
+    assert asked == [] and not path.exists()
+
+
+def test_a_foreign_or_broken_lock_file_is_refused_and_kept(lock):
+    path, heads, asked = lock
+    heads[("org/m", "main")] = "1" * 40
+    for content in ("{not json", json.dumps({"something": "else"}),
+                    json.dumps({"format": "symfusion-hub-lock/1", "revisions": {"model org/m@main": {"commit": "x"}}})):
+        path.write_text(content)
+        with pytest.raises(SymfusionError, match="lock file") as error:
+            pin_revision("org/m", "main", "model", "here")
+        assert "\n" not in str(error.value) and path.read_text() == content and asked == []
 
 
 # ---------------------------------------------------------------------------------------------- safetensors only

@@ -23,7 +23,7 @@ import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
 from symfusion.families import check_compatible
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, as_symfusion_error
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs
 from symfusion.modelio import write_json
@@ -52,10 +52,17 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
-    if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-        return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
-    if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
-        return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers, max_relative_output_change)
+    try:
+        if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
+            return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
+        if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
+            return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers,
+                                  max_relative_output_change)
+    except Exception as error:          # noqa: BLE001 - the system's errors (no space left, ...) become one line
+        translated = as_symfusion_error(error)
+        if translated is None or translated is error:
+            raise
+        raise translated from error
     raise SymfusionError(
         f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and {type(anchor).__name__}"
     )
@@ -87,7 +94,7 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
     before = model_outputs(source, inputs)
     change = ((model_outputs(matched, inputs) - before).abs().max() / before.abs().max().clamp_min(1e-30)).item()
     limit = tolerance_for(dtypes, tolerance)
-    if change > limit:
+    if not change <= limit:                                   # NaN fails too
         raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "
                              "report this as a bug")
     before_dist, after_dist = distance(source.state_dict(), anchor_state, layout), distance(stored, anchor_state, layout)

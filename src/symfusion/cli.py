@@ -21,25 +21,38 @@ from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, as_symfusion_error
+
+# The exit code of a command stopped by Ctrl-C (SIGINT), as a shell reports a process killed by it, and its line:
+# the output it was writing is not swapped in (outputs.py removes the temp; a previous result stays).
+INTERRUPTED = 130
+INTERRUPTED_LINE = "error: interrupted (Ctrl-C); nothing was written, a previous output is kept"
+
+
+def error_line(error: BaseException) -> str | None:
+    """The one `error: ...` line for bad input, an operating-system error (no space left, a read-only or
+    forbidden folder), an unreadable file, a missing optional package; None for a bug (it keeps its traceback)."""
+    if isinstance(error, OmegaConfBaseException):    # e.g. an interpolation ${...} that does not resolve
+        return f"error: {str(error).strip().splitlines()[0]}; check the command line's values"
+    if isinstance(error, ModuleNotFoundError):       # an optional package of the pipeline's stages
+        if not error.name or error.name.split(".")[0] == "symfusion":
+            return None
+        return (f"error: this stage needs the package {error.name!r}, which is not installed; "
+                "install the pipeline's packages with pip install 'symfusion[pipeline]'")
+    translated = as_symfusion_error(error)
+    return None if translated is None else f"error: {translated}"
 
 
 def report_errors(command):
-    """Run a stage; bad input ends with one line on stderr and exit code 2, not a traceback."""
+    """Run a stage; bad input and the system's errors end with one line on stderr and exit code 2 (error_line)."""
     def wrapper(cfg: DictConfig):
         try:
             return command(cfg)
-        except SymfusionError as error:
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
-        except OmegaConfBaseException as error:    # e.g. an interpolation ${...} that does not resolve
-            print(f"error: {str(error).strip().splitlines()[0]}; check the command line's values", file=sys.stderr)
-            sys.exit(2)
-        except ModuleNotFoundError as error:       # an optional package of the pipeline's stages
-            if not error.name or error.name.split(".")[0] == "symfusion":
+        except Exception as error:      # noqa: BLE001 - translated when it is bad input or the system's; else raised
+            line = error_line(error)
+            if line is None:
                 raise
-            print(f"error: this stage needs the package {error.name!r}, which is not installed; "
-                  "install the pipeline's packages with pip install 'symfusion[pipeline]'", file=sys.stderr)
+            print(line, file=sys.stderr)
             sys.exit(2)
     wrapper.__name__ = command.__name__
     wrapper.__doc__ = command.__doc__
@@ -323,6 +336,9 @@ def run_command(config_name: str, argv: list[str]) -> int:
     keep_freed_memory()        # a stage process reuses freed tensor memory (allocator.py)
     try:
         return command_line(config_name, COMMANDS[config_name], argv)
+    except KeyboardInterrupt:            # Ctrl-C: one line, no traceback (the output's temp is already gone)
+        print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+        return INTERRUPTED
     finally:
         if os.environ.get(USAGE_VARIABLE):
             print(usage_line(f"symfusion-{config_name}", start), file=sys.stderr, flush=True)
@@ -332,8 +348,13 @@ def entry(config_name: str, command):
     """A console-script main() for `command` with conf/<config_name>.yaml (in the warm worker when one serves)."""
     def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
-        code = warm.run_in_worker(config_name, args)
-        sys.exit(run_command(config_name, args) if code is None else code)
+        try:
+            code = warm.run_in_worker(config_name, args)
+            code = run_command(config_name, args) if code is None else code
+        except KeyboardInterrupt:
+            print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+            code = INTERRUPTED
+        sys.exit(code)
     main.__doc__ = command.__doc__
     return main
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Callable
 
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -70,8 +72,33 @@ def _one_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+_KEY = re.compile(r"[+~]{0,2}[A-Za-z_][\w.\-]*")
+_PARSER = OverridesParser.create()
+
+
+def _quoted(value: str) -> str:
+    """`value` as one Hydra quoted string (backslashes before a quote or the end doubled, quotes escaped)."""
+    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'") + "'"
+
+
+def literal_override(override: str) -> str:
+    """KEY=VALUE as given when Hydra reads it as one plain value (or as a list, dict or quoted string the user
+    wrote); else KEY='VALUE' quoted, so that a path with characters Hydra's grammar leaves out (non-ASCII
+    letters, ', ~, #, &, ;, !, (, =, a comma) is read as the path it is, not refused or split into a sweep."""
+    key, sep, value = override.partition("=")
+    if not sep or not _KEY.fullmatch(key) or not value or value[0] in "[{'\"":
+        return override
+    try:
+        if not _PARSER.parse_override(override).is_sweep_override():
+            return override
+    except (HydraException, OmegaConfBaseException):
+        pass
+    return f"{key}={_quoted(value)}"
+
+
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
     """conf/<config_name>.yaml with the command line's KEY=VALUE overrides; Hydra's errors as one line."""
+    overrides = [literal_override(o) for o in overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
         base = compose(config_name=config_name)
         options = ", ".join(sorted(k for k in base if k != "hydra"))

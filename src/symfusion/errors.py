@@ -1,5 +1,38 @@
-"""The one exception type for bad user input: its message is a one-line, actionable error."""
+"""The one exception type for bad user input, and the one translation of the operating system's and file readers' errors into its one-line message."""
+from __future__ import annotations
+
+import errno
+
+from safetensors import SafetensorError
 
 
 class SymfusionError(Exception):
     """Raised for bad input (paths, configs, weights); the CLIs print it as one line and exit 2."""
+
+
+# What a user can do about an operating-system error, by errno (the rest get the system's own words).
+_ADVICE = {
+    errno.ENOSPC: "no space left on the device; free some space or choose an output on another device",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose an output elsewhere",
+    errno.EROFS: "read-only file system; choose a writable location",
+    errno.EACCES: "permission denied; choose a location you may write (or read) or change its permissions",
+    errno.EPERM: "operation not permitted; choose a location you may write (or read) or change its permissions",
+    errno.ENOENT: "no such file or directory (was it removed while the command ran?)",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n) or close other programs",
+    errno.ENAMETOOLONG: "file name too long; choose a shorter path",
+}
+
+
+def as_symfusion_error(error: BaseException) -> SymfusionError | None:
+    """A one-line SymfusionError for an operating-system error (OSError: no space left, read-only folders,
+    permissions, ...) or an unreadable safetensors file; None for anything else (a bug keeps its traceback)."""
+    if isinstance(error, SymfusionError):
+        return error
+    if isinstance(error, OSError):
+        where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+        advice = _ADVICE.get(error.errno) or (error.strerror or str(error) or type(error).__name__)
+        return SymfusionError(f"{where}: {advice}" if where else f"{advice}".replace("\n", " "))
+    if isinstance(error, SafetensorError):
+        text = (str(error).strip().splitlines() or ["unreadable"])[0][:200]
+        return SymfusionError(f"a safetensors file could not be read ({text}); re-export the model")
+    return None

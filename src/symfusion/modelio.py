@@ -4,7 +4,8 @@ Input folders are read as data: a file is read or copied only if it really lives
 (no symbolic link leading out of it); weights are read only from safetensors (a pickle-only folder
 is refused with how to convert it); every tensor the architecture expects must be in the checkpoint
 with its shape and a floating dtype where the model has one (nothing is initialised at random);
-config.json must parse. Every failure is one SymfusionError line.
+config.json must parse; every weight must be finite. Which file a folder's name points to is decided
+by symfusion.folder (plain names inside the folder). Every failure is one SymfusionError line.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors import SafetensorError, safe_open
-
+from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
+from symfusion.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
+    shard_header, weight_map
 
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
 transformers.utils.logging.set_verbosity_error()    # load reports are turned into our own one-line errors
@@ -26,9 +28,6 @@ transformers.utils.logging.set_verbosity_error()    # load reports are turned in
 # Files a model folder carries beside weights and config (tokenizers, image processors).
 AUXILIARY_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
                       "preprocessor_config.json", "*.model", "sentencepiece*")
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
 
 
 def compute_device() -> torch.device:
@@ -52,23 +51,17 @@ def model_class(config):
 
 # ---------------------------------------------------------------- reading a folder as data
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
-
-
-def inside(folder: Path, item: Path) -> bool:
-    """Whether `item` really lives inside `folder` (after following every symbolic link)."""
-    root, target = Path(os.path.realpath(folder)), Path(os.path.realpath(item))
-    return root in target.parents
-
-
 def check_model_folder(path: str | Path) -> Path:
     """A folder holding config.json whose every file lives inside it; a one-line error otherwise."""
     path = Path(path)
-    if not path.is_dir() or not (path / "config.json").is_file():
+    if not path.is_dir() or not os.path.lexists(path / "config.json"):
         raise SymfusionError(f"{path} is not a model folder (no config.json); pass a save_pretrained directory")
-    for item in path.iterdir():
+    model_file(path, "config.json")
+    try:
+        items = list(path.iterdir())
+    except OSError as error:
+        raise SymfusionError(f"cannot list the model folder {path} ({error.strerror})") from error
+    for item in items:
         if item.is_symlink() and not inside(path, item):
             raise SymfusionError(f"{item} is a link to {os.path.realpath(item)}, outside the model folder; "
                                  "copy the real files into the folder (input folders are read as data)")
@@ -81,7 +74,7 @@ def load_config(path: str | Path):
     try:
         return transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's config.json is a bad input
-        first = _first_line(error)
+        first = first_line(error)
         raise SymfusionError(f"{path}/config.json is not a valid model config ({first}); "
                              "re-export the model with save_pretrained") from error
 
@@ -99,48 +92,24 @@ def _tokenizer(model_dir: str):
         return transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True,
                                                           trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - a broken tokenizer file is a bad input
-        raise SymfusionError(f"cannot load a tokenizer from {model_dir}: {_first_line(error)}") from error
+        raise SymfusionError(f"cannot load a tokenizer from {model_dir}: {first_line(error)}") from error
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a folder (one file, or an index and its shards); refuses pickles."""
-    single, index = path / "model.safetensors", path / SAFETENSORS_INDEX
-    if single.is_file():
-        return [single]
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise SymfusionError(f"{index} is not a valid safetensors index; re-export the model") from error
-        files = [path / shard for shard in shards]
-        for file in files:
-            if not file.is_file() or not inside(path, file):
-                raise SymfusionError(f"{index} names the shard {file.name}, which is not in {path}; re-export the model")
-        return files
-    pickles = [name for name in PICKLE_WEIGHTS if (path / name).is_file()]
-    if pickles:
-        raise SymfusionError(
-            f"{path} holds only pickled weights ({', '.join(pickles)}); symfusion reads safetensors only. Convert "
-            "them where you trust the file: AutoModel.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)")
-    raise SymfusionError(f"{path} has no weights (model.safetensors or {SAFETENSORS_INDEX}); pass a save_pretrained folder")
+    """The safetensors files of a folder (one file, or an index and its shards, checked against their headers:
+    folder.weight_map); refuses pickles and any file outside the folder."""
+    shards, _ = weight_map(path)
+    return [Path(path) / shard for shard in dict.fromkeys(shards.values())]
 
 
 def checkpoint_dtypes(files: list[Path]) -> dict[str, str]:
     """Tensor name -> safetensors dtype of every tensor in the files (reads only their headers)."""
-    dtypes = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                for key in handle.keys():
-                    dtypes[key] = handle.get_slice(key).get_dtype()
-        except (SafetensorError, OSError, ValueError) as error:
-            first = _first_line(error)
-            raise SymfusionError(f"{file} is not a readable safetensors file ({first}); re-export the model") from error
-    return dtypes
+    return {key: dtype for file in files for key, (dtype, _) in shard_header(file).items()}
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A model from a local save_pretrained folder, in eval mode; never downloads, never initialises a weight."""
+    """A model from a local save_pretrained folder, in eval mode, every weight finite; never downloads, never
+    initialises a weight."""
     config = load_config(path)
     path = Path(path)
     files = weight_files(path)
@@ -150,7 +119,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
         model, info = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, trust_remote_code=False,
                                           use_safetensors=True, output_loading_info=True)
     except Exception as error:  # noqa: BLE001 - weights that do not fit their config are a bad input
-        first = _first_line(error)
+        first = first_line(error)
         if "ignore_mismatched_sizes" in first or "size mismatch" in first:
             first = "a tensor's shape disagrees with config.json"
         raise SymfusionError(f"cannot load weights from {path}: {first}") from error
@@ -166,6 +135,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
         if key in state and state[key].is_floating_point() and file_dtype not in FLOAT_DTYPES:
             raise SymfusionError(f"checkpoint {path} stores {key} as {file_dtype}, not a floating-point type; "
                                  "re-export the model")
+    check_finite(state, f"model {path}")                # every path into matching, merging and evaluation
     return model.eval()
 
 
@@ -173,12 +143,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
 
 def copy_auxiliary_files(source: str | Path, target: str | Path) -> None:
     """Copy tokenizer / image-processor files between model folders (not weights, configs or results);
-    only regular files that really live inside `source`."""
+    only regular files that really live inside `source` (folder.model_file), never over a file `target` has."""
     source = Path(source)
     for pattern in AUXILIARY_PATTERNS:
-        for item in source.glob(pattern):
-            if item.is_file() and inside(source, item):
-                shutil.copy2(item, Path(target) / item.name)
+        for item in sorted(source.glob(pattern)):
+            if item.is_file() and inside(source, item) and not item.name.endswith(".safetensors") \
+                    and not os.path.lexists(Path(target) / item.name):
+                shutil.copyfile(model_file(source, item.name), Path(target) / item.name)
 
 
 def write_json(data: dict, path: str | Path) -> None:

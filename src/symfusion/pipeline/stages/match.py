@@ -13,6 +13,8 @@ from symfusion.measures import distance
 from symfusion.modelio import copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
+from symfusion.rewrite import as_stored, plan_like, write_like
+from symfusion.sharded import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, check_same_body, load_models, require_folder
 from symfusion.symmetry import apply_transform
 
@@ -61,7 +63,11 @@ def run_match(
         # distances first: load_state_dict below writes into the tensors that source_state holds
         before_dist = distance(source_state, anchor_state, layout)
         after_dist = distance(matched_state, anchor_state, layout)
-        change, relative = check_function_preserved(model, matched_state, max_relative_output_change,
+        # the folder keeps the source's shards, index, dtypes and config (where a moved tensor has no entry of its
+        # own in the source's files: transformers' layout); the check runs on the weights as stored (rounded)
+        file_state, dtypes = plan_like(model, source_state, matched_state, source_dir)
+        limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, max_relative_output_change)
+        change, relative = check_function_preserved(model, as_stored(matched_state, dtypes), limit,
                                                     "matched model", output, seed=seed, batch_size=probe_batch,
                                                     seq_len=probe_len)
         report = {
@@ -77,8 +83,11 @@ def run_match(
             "provenance": provenance(resolved_config, seed),
         }
         with claim.writing() as tmp:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-            copy_auxiliary_files(source_dir, tmp)
+            if file_state is not None:
+                write_like(source_dir, file_state, tmp)
+            else:
+                model.save_pretrained(str(tmp), safe_serialization=True)
+                copy_auxiliary_files(source_dir, tmp)
             result.transform.save(tmp / "transform.safetensors")
             write_json(report, tmp / "match.json")
     return report

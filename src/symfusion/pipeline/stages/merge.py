@@ -81,7 +81,7 @@ def fuse_loaded(loaded: list[torch.nn.Module], models: list[str], fusion: dict, 
     models' digests (model_digests)."""
     method = check_fusion(fusion)
     for i, statistics_task in enumerate(tasks):
-        statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}")
+        statistics_task.check_model(loaded[i if len(tasks) > 1 else 0], f"model {models[i]}", models[i])
     options = {k: v for k, v in fusion.items() if k not in DATA_OPTIONS}
     batches = fusion_batches(models, tasks, fusion, batch_cache)
     start = time.perf_counter()

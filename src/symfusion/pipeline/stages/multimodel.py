@@ -23,6 +23,8 @@ from symfusion.measures import distance
 from symfusion.modelio import copy_auxiliary_files, write_json
 from symfusion.outputs import file_marker, folder_marker, safe_output
 from symfusion.provenance import provenance
+from symfusion.rewrite import as_stored, plan_like, write_like
+from symfusion.sharded import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
 
@@ -80,12 +82,17 @@ def write_models(dirs, models, matched, transforms, folder: Path, output, max_re
     the original function."""
     written = []
     for i, (path, model, state, transform) in enumerate(zip(dirs, models, matched, transforms)):
-        change, _ = check_function_preserved(model, state, max_relative_output_change, f"matched model {i} ({path})",
+        file_state, dtypes = plan_like(model, model.state_dict(), state, path)   # as in the match stage
+        limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, max_relative_output_change)
+        change, _ = check_function_preserved(model, as_stored(state, dtypes), limit, f"matched model {i} ({path})",
                                              output)
         target = Path(folder) / str(i)
         target.mkdir()
-        model.save_pretrained(str(target), safe_serialization=True)
-        copy_auxiliary_files(path, target)
+        if file_state is not None:
+            write_like(path, file_state, target)
+        else:
+            model.save_pretrained(str(target), safe_serialization=True)
+            copy_auxiliary_files(path, target)
         transform.save(target / "transform.safetensors")
         written.append({"model": str(path), "output": str(i), "max_output_change": change})
     return written

@@ -23,7 +23,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method
 from symfusion.modelio import compute_device, load_model
@@ -150,8 +149,7 @@ def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resol
     folder = require_folder(model_dir, "model_dir")
     with safe_output(output, "symfusion-statistics", is_statistics_file, inputs=[folder]) as claim:
         model = load_model(folder)
-        check_finite(model.state_dict(), f"model {folder}")
-        task.check_model(model, f"model {folder}")
+        task.check_model(model, f"model {folder}", folder)
         model = model.to(compute_device())
         device = next(model.parameters()).device
         model_sha, family = model_digest(model), model.config.model_type

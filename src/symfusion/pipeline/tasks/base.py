@@ -42,8 +42,9 @@ class Task(ABC):
     def metric_name(self) -> str:
         return self.cfg.get("metric", self.metric)
 
-    def check_model(self, model: torch.nn.Module, where: str = "the model") -> None:
-        """Refuse (one line) a model this task cannot feed or score: other inputs, or another label count."""
+    def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
+        """Refuse (one line) a model this task cannot feed or score: other inputs, or another label count (the
+        subclasses add what their inputs need; model_dir: the folder whose tokenizer feeds it, if any)."""
         reads = family_spec(model.config).inputs
         if reads != self.inputs:
             raise SymfusionError(f"{where} reads {reads}, but task {self.name} ({self.kind}) gives {self.inputs}; "

@@ -82,6 +82,19 @@ class ImageTask(Task):
     def num_labels(self) -> int:
         return self.split("train").num_classes
 
+    def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
+        """Also refuse (one line) a ViT whose config expects other images: channels, height or width."""
+        super().check_model(model, where, model_dir)
+        channels, height, width = self.split("train").image_shape
+        config = model.config
+        size = getattr(config, "image_size", None)
+        size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        expected = (getattr(config, "num_channels", channels), *size)
+        if expected != (channels, height, width):
+            raise SymfusionError(f"{where} takes {expected[0]}-channel {expected[1]}x{expected[2]} images (its "
+                                 f"config.json), but task {self.name} has {channels}-channel {height}x{width} images; "
+                                 "use a model trained on this task's images")
+
     def limited(self, split: str, examples: int) -> "ImageTask":
         """This task with a seeded subset of `examples` images of `split` (as the task's `limit` option)."""
         config = OmegaConf.to_container(self.cfg, resolve=True)       # Hydra's configs are struct: no new keys

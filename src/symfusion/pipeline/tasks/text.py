@@ -63,14 +63,19 @@ class TextTask(Task):
         return statistic_batches_text(self.examples("validation"), load_tokenizer(model_dir), self.kind,
                                       int(self.cfg.max_length), int(self.cfg.fusion_batch_size), num_batches)
 
+    def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
+        """Also refuse (one line) a model whose vocabulary the token ids of model_dir's tokenizer would overrun
+        (in evaluation and in the statistic batches of Fisher, RegMean and OT merges)."""
+        super().check_model(model, where)
+        vocabulary = getattr(model.config, "vocab_size", None)
+        if model_dir is not None and vocabulary is not None and len(load_tokenizer(model_dir)) > vocabulary:
+            raise SymfusionError(f"the tokenizer of {model_dir} has {len(load_tokenizer(model_dir))} tokens, the "
+                                 f"model's vocabulary {vocabulary}; use a model with its own tokenizer")
+
     def evaluate(self, model: torch.nn.Module, split: str = "test", model_dir=None, examples: int | None = None) -> dict:
         """The task metric, loss and n on a split (its first `examples` examples when given)."""
-        self.check_model(model)
+        self.check_model(model, model_dir=model_dir)
         tokenizer = load_tokenizer(model_dir)
-        vocabulary = getattr(model.config, "vocab_size", None)
-        if vocabulary is not None and len(tokenizer) > vocabulary:
-            raise SymfusionError(f"the tokenizer of {model_dir} has {len(tokenizer)} tokens, the model's vocabulary "
-                                 f"{vocabulary}; evaluate a model with its own tokenizer")
         key = (split, examples, id(tokenizer), int(self.cfg.max_length))
         if key not in self._encoded:             # tokenised once per process, whatever model is scored on it
             chosen = self.examples(split)[: examples or None]

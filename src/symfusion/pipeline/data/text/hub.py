@@ -6,7 +6,7 @@ with `data_dir=<config>`. Nothing here needs the network once the data sit in th
 (then HF_HUB_OFFLINE=1 works), and `dataset` may be a local folder of Parquet files laid out as on the Hub (the
 tests and the rehearsal profile's stand-ins do that: the same call, with the preset's other options unchanged).
 Every preset names the commit it is read at (`revision`); the Parquet exports whose commit could not be
-confirmed carry a symfusion.pipeline.revisions placeholder, which is refused when the Hub would be asked.
+confirmed name their ref, which symfusion.pipeline.revisions pins to its commit on the first download (lock file).
 
 `hub_text` returns the same raw examples as the offline loaders of `symfusion.pipeline.data.text`;
 `HUB_TEXT_PRESETS` names the paper's datasets (see HUB_PRESET_NOTES and docs/data_card.md for why each).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from symfusion.pipeline.data.text.splits import KINDS, NER_TAGS, REGRESSION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, repair_bio
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.revisions import check_revision, unpinned
+from symfusion.pipeline.revisions import pin_revision
 
 DEFAULT_SPLIT_NAMES = {"train": "train", "validation": "validation", "test": "test"}
 
@@ -60,7 +60,7 @@ DAIR_EMOTION_REVISION = "cab853a1dbdf4c42c2b3ef2173804746df8825fe"
 TWEET_EVAL_REVISION = "b3a375baf0f409c77e6bc7aa35102b7b3534f8be"
 GO_EMOTIONS_REVISION = "add492243ff905527e67aeb8b80c082af02207c3"
 GLUE_REVISION = "bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c"
-PARQUET_EXPORT = unpinned("refs/convert/parquet")   # no commit of the Parquet export branch could be confirmed
+PARQUET_EXPORT = "refs/convert/parquet"   # a ref: pinned to its commit on first download (revisions.py, lock file)
 
 HUB_TEXT_PRESETS: dict[str, dict] = {
     "emotion_dair": dict(
@@ -193,8 +193,6 @@ def _load(dataset: str, config, revision, data_dir, hf_cache_dir):
         import datasets
     except ImportError as error:
         raise SymfusionError("the paper profile needs the `datasets` package: pip install datasets") from error
-    if not is_local(dataset):
-        check_revision(dataset, revision, "options.revision of the task (conf/task/<name>.yaml)")
     try:
         loaded = datasets.load_dataset(dataset, config, data_dir=data_dir, revision=revision, cache_dir=hf_cache_dir)
     except Exception as error:  # the library raises many types (offline, missing config, bad id, scripts)
@@ -405,6 +403,8 @@ def hub_text(dataset: str, config: str | None = None, split_names: dict | None =
     """
     token_task, mapping = _check_options(kind, tokens_column, tags_column, text_column, label_column, domain_column,
                                          domain_value, split_names)
+    if not is_local(dataset):           # a ref is read at the commit the Hub lock file pins it to
+        revision = pin_revision(dataset, revision, "dataset", "options.revision of the task (conf/task/<name>.yaml)")
     loaded = _load(dataset, config, revision, data_dir, hf_cache_dir)
     mapping = _resolve_splits(loaded, mapping, split_names is not None, dataset)
     wanted = [c for c in (text_column, text_pair_column, label_column, tokens_column, tags_column) if c is not None]
