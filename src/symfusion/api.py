@@ -30,6 +30,7 @@ from symfusion.modelio import write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.sharded import match_folders, tolerance_for
+from symfusion.sharded_whole import match_folders_whole
 from symfusion.symmetry import apply_transform
 
 
@@ -126,8 +127,15 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, laye
     # the same rules as symfusion-match: a new folder, or a previous matched folder; never an input
     with safe_output(output, "symfusion.align", MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
-            transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
-                                              max_relative_output_change=tolerance, tmp=tmp)
+            if config.residual == "none":
+                transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
+                                                  max_relative_output_change=tolerance, tmp=tmp)
+            elif layers is not None or last_layers is not None:
+                raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
+                                     "it matches the whole model (drop layers= / last_layers=)")
+            else:
+                transform, report = match_folders_whole(source, anchor, output, config,
+                                                        max_relative_output_change=tolerance, tmp=tmp)
             report.update({"source": str(source), "anchor": str(anchor), "output": str(output),
                            "matching_config": asdict(config), "seconds": time.perf_counter() - start,
                            "provenance": provenance(None)})

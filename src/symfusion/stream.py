@@ -53,6 +53,7 @@ class StreamLayout:
     nonlinear: tuple[str, ...]                      # head keys whose output axis passes a nonlinearity
     tied_final: bool                                # a final norm read by a tied lm_head (not folded)
     read_out: bool                                  # a head reads the stream (a bare model outputs the stream)
+    tied_copy: str | None = None                    # a tied lm_head listed beside its embeddings: moved, counted once
 
     @property
     def folded(self) -> frozenset[str]:
@@ -117,7 +118,8 @@ def stream_layout(layout: ModelLayout, state: Mapping[str, torch.Tensor], tied: 
     tied_final = bool(final and tied and f"{prefix}{final[0]}.weight" in state)
     heads = [k for k in axes if prefix and not k.startswith(prefix)]         # a bare model (prefix "") has none
     return StreamLayout(hidden=layout.hidden_size, axes=tuple(axes.items()), norm=spec.norm, folds=folds,
-                        gains=gains, nonlinear=nonlinear, tied_final=tied_final, read_out=bool(heads) or tied_final)
+                        gains=gains, nonlinear=nonlinear, tied_final=tied_final, read_out=bool(heads) or tied_final,
+                        tied_copy="lm_head.weight" if tied and "lm_head.weight" in state else None)
 
 
 def tied_head(state: Mapping[str, torch.Tensor], prefix: str, spec) -> bool:

@@ -33,7 +33,7 @@ from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import activation_cross, residual_cross, residual_group, solve_residual
 from symfusion.measures import squared_difference
 from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout
-from symfusion.symmetry import ResidualMap, Transform, apply_blocks
+from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
 
 MAX_ITERATIONS = 50
 REL_TOL = 1e-4          # stop when one alternation lowers the distance by less than this fraction
@@ -52,6 +52,24 @@ def folded_distance(state: Mapping[str, torch.Tensor], anchor: Mapping[str, torc
     """|state - anchor| over the anchor's floating tensors (both canonical and folded)."""
     total = sum(squared_difference(state[k], t) for k, t in anchor.items() if t.is_floating_point())
     return total ** 0.5
+
+
+def blockwise_best(moved: Mapping, fa: Mapping, layout: ModelLayout, found: Mapping[int, LayerTransform],
+                   previous: Mapping[int, LayerTransform] | None) -> tuple[dict[int, LayerTransform], float]:
+    """Per layer, the closer of its new and its previous block transform (the distance separates over layers once
+    R is fixed); (the chosen transforms, the folded distance of the whole model with them)."""
+    in_blocks = {k for i in range(layout.num_layers) for k in layout.layer_keys(i)}
+    squared = sum(squared_difference(moved[k], t) for k, t in fa.items() if k not in in_blocks and t.is_floating_point())
+    chosen = {}
+    for i in range(layout.num_layers):
+        keys = layout.layer_keys(i)
+        part, target = {k: moved[k] for k in keys}, {k: fa[k] for k in keys}
+        candidates = [found.get(i, LayerTransform())] + ([previous[i]] if previous is not None else [])
+        distances = [folded_distance(apply_blocks(part, layout, {i: c}), target) for c in candidates]
+        k = min(range(len(candidates)), key=distances.__getitem__)
+        chosen[i] = candidates[k]
+        squared += distances[k] ** 2
+    return chosen, squared ** 0.5
 
 
 def untouched_keys(stream: StreamLayout, layout: ModelLayout) -> set[str]:
@@ -97,6 +115,7 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     group = residual_group(stream, config.residual, layout.family)
     fs = fold_norms(layout.canonical(source), stream.folds)
     fa = fold_norms(layout.canonical(anchor), stream.folds)
+    fa.pop(stream.tied_copy, None)                       # the embeddings count once in every distance and product
     gains = {f.gain: layout.canonical(anchor)[f.gain].detach().clone() for f in stream.folds}
 
     # candidate 0: the block matching alone (for the paper's encoders, the paper's matching), no residual map
@@ -109,20 +128,18 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     blocks_config, history, previous = config.blocks(), [], None
     for _ in range(MAX_ITERATIONS):
         moved = rotate_stream(fs, stream, r)
-        found = match_blocks(moved, fa, layout, blocks_config, clock=clock, canonical=True).transform
-        candidates = [found] + ([previous] if previous is not None else [])
-        distances = [folded_distance(apply_blocks(moved, layout, c.layers), fa) for c in candidates]
-        k = min(range(len(candidates)), key=distances.__getitem__)
-        if history and distances[k] >= history[-1]:
+        found = match_blocks(moved, fa, layout, blocks_config, clock=clock, canonical=True).transform.layers
+        chosen, dist = blockwise_best(moved, fa, layout, found, previous)
+        if history and dist >= history[-1]:
             break                                          # the residual step did not help: stay at the best
-        history.append(distances[k])
-        previous = candidates[k]
-        if distances[k] < best[0]:
-            best = (distances[k], r, previous, "descent")
+        history.append(dist)
+        previous = chosen
+        if dist < best[0]:
+            best = (dist, r, Transform(chosen), "descent")
         if len(history) > 1 and history[-2] - history[-1] <= REL_TOL * history[-2]:
             break
         with clock("residual"):
-            m, g = residual_cross(apply_blocks(fs, layout, previous.layers), fa, stream, current=r)
+            m, g = residual_cross(apply_blocks(fs, layout, previous), fa, stream, current=r)
             r = solve_residual(m, group, g)
     distance, r, blocks, chosen = best
     info = {"group": group, "residual_solve": config.residual_solve, "folded_distance_blocks_only": start,
@@ -134,5 +151,6 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
                                                        config.refine_steps)
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-    transform = Transform(layers=dict(blocks.layers), residual=ResidualMap(r, gains))
+    transform = Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
+                          residual=ResidualMap(r, gains))
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)
