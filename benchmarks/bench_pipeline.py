@@ -1,6 +1,7 @@
 """What a pipeline run cost, per stage and per rule: CPU and wall seconds, the critical path, and this machine's rate.
 
     python benchmarks/bench_pipeline.py RUN_DIR [--log SNAKEMAKE_LOG] [--time GNU_TIME_OUTPUT] [--json OUT]
+    python benchmarks/bench_pipeline.py --predict [--cores N]    # before a run: what the mini profile will cost here
 
 RUN_DIR is results/<profile> of a finished run (its benchmarks/ folder holds Snakemake's per-job
 benchmark files: wall seconds `s` and `cpu_time`, user + system of the job's process tree, sampled by
@@ -29,6 +30,10 @@ from pathlib import Path
 import torch
 
 GEMM_N = 2048
+# The mini profile's cost in units of the calibration GEMM's work (CPU seconds x GFLOP/s, in TFLOP): the range
+# measured from clean clones on machines of this kind (README, "Quick start"); on 2 cores a run keeps 1.9 busy.
+MINI_COST_TFLOP = (124.0, 146.0)
+BUSY_PER_CORE = 0.95
 
 
 def calibration_gflops(repeats: int = 5) -> float:
@@ -244,14 +249,38 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def predict(rate: float, others: float | None, cores: int) -> str:
+    """The mini profile's CPU seconds and wall minutes on `cores` idle cores at this calibration rate."""
+    cpu = [cost * 1e3 / rate for cost in MINI_COST_TFLOP]
+    wall = [c / (BUSY_PER_CORE * cores) / 60 for c in cpu]
+    text = (f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s\n"
+            f"mini profile ({MINI_COST_TFLOP[0]:.0f}-{MINI_COST_TFLOP[1]:.0f} TFLOP-equivalents of this GEMM): about "
+            f"{cpu[0]:,.0f}-{cpu[1]:,.0f} CPU s here, {wall[0]:.0f}-{wall[1]:.0f} min of wall on {cores} idle cores"
+            + (" (from 8 cores on, the longest chain bounds it at about 4-6 min)" if cores > 2 else ""))
+    if others is not None and others > 0.25:        # the machine is shared: the run gets what the others leave
+        share = max(cores - others, 0.5) / cores
+        text += (f"\nother processes kept {others:.2f} CPUs busy while the GEMM was timed (the rate reads low); "
+                 f"with them running on, at least {wall[0] / share:.0f}-{wall[1] / share:.0f} min (contention also "
+                 "inflates the CPU seconds)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=Path, nargs="?", help="results/<profile> of a finished run")
+    parser.add_argument("--predict", action="store_true",
+                        help="time the calibration GEMM and predict the mini profile's CPU and wall time here")
+    parser.add_argument("--cores", type=int, default=2, help="with --predict: the cores the run gets (default 2)")
     parser.add_argument("--log", type=Path, help="the run's Snakemake log (default: the newest .snakemake/log)")
     parser.add_argument("--time", type=Path, help="/usr/bin/time -v output of the run")
     parser.add_argument("--json", type=Path, help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
+    if args.predict == (args.run_dir is not None) or args.cores < 1:
+        parser.error("give RUN_DIR (a finished run's cost) or --predict [--cores N >= 1] (a run's cost here, before it)")
     rate, others = while_measuring(calibration_gflops)
+    if args.predict:
+        print(predict(rate, others, args.cores))
+        return 0
     rows = benchmark_rows(args.run_dir)
     per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0, "system": 0.0})
     for row in rows:

@@ -126,6 +126,28 @@ def test_no_import_cycle():
     assert cycles == []
 
 
+REPORT = "symfusion.pipeline.report"
+REPORT_SHARED = {f"{REPORT}.registry", f"{REPORT}.results", f"{REPORT}.effects"}
+
+
+def test_report_modules_import_no_sibling_but_the_shared_ones():
+    """report/ is one module per artefact (its writer) plus shared modules (registry: the experiments; results: reading
+    results, writing CSV / Markdown / figures; effects: effects of matching): no module imports a sibling that is not
+    shared, so no chain runs sideways; artefacts.py, symfusion-report itself, imports the writers by the registry's
+    names and the audit report."""
+    trees = modules()
+    known = set(trees)
+    sideways = []
+    for name, tree in trees.items():
+        if not name.startswith(REPORT + "."):
+            continue
+        siblings = {t for t in map(lambda x: resolve(x, known), imported(tree, name, False))
+                    if t and t.startswith(REPORT + ".") and t != name}
+        allowed = REPORT_SHARED | ({f"{REPORT}.audit"} if name == f"{REPORT}.artefacts" else set())
+        sideways += [f"{name} -> {t}" for t in sorted(siblings - allowed)]
+    assert REPORT_SHARED <= known and sideways == []
+
+
 @pytest.mark.parametrize("forbidden", ["is_text", "TEXT_KINDS", "IMAGE_KINDS"])
 def test_no_task_kind_branches_outside_the_tasks_package(forbidden):
     users = [name for name, tree in modules().items()

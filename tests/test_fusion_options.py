@@ -94,7 +94,7 @@ def test_merge_models_takes_options_as_keywords_and_checks_them():
 def test_a_new_method_declares_its_options():
     def fuse(models, batches, weight):
         return {"w": weight}
-    method = FusionMethod("toy", fuse, "a toy", options=(Option("weight", 0.5, "w", valid=lambda v: v >= 0, rule=">= 0"),))
+    method = FusionMethod("toy", fuse, "a toy", label="Toy", options=(Option("weight", 0.5, "w", valid=lambda v: v >= 0, rule=">= 0"),))
     models = [torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)]
     assert method.merge(models) == {"w": 0.5} and method.merge(models, weight=2) == {"w": 2.0}
     with pytest.raises(SymfusionError, match="toy: option weight must be a number >= 0, got -1"):

@@ -3,8 +3,10 @@ import json
 
 import pytest
 
+from symfusion.pipeline.report.artefacts import run_report
 from symfusion.pipeline.report.audit import paper_anomalies
-from symfusion.pipeline.report.language import table1_rows, write_table3
+from symfusion.pipeline.report.registry import experiment
+from symfusion.pipeline.report.table1 import table1_rows
 
 
 def record(kind, score, n=400):
@@ -41,7 +43,7 @@ def test_table1_averages_every_pair_and_task_and_puts_the_paper_beside(tmp_path)
         eval_file(tmp_path, "eval_group/ner/attn_only_no_rescale/simple.json", "simple", "attn_only_no_rescale",
                   [("ood", "token_classification", 0.20)]),
     ]
-    rows = {(r["setting"], r["method"]): r for r in table1_rows(paths)}
+    rows = {(r["setting"], r["method"]): r for r in table1_rows(paths, experiment("table1"))}
     emotion = rows[("emotion", "simple")]
     assert emotion["ours_unmatched"] == pytest.approx(45.0) and emotion["ours_matched"] == pytest.approx(65.0)
     assert emotion["merges"] == 2 and emotion["end_models_mean"] == pytest.approx(90.0)
@@ -65,7 +67,7 @@ def test_table3_means_seconds_per_stage_and_family(tmp_path):
     (matched / "match.json").write_text(json.dumps({"seconds": 0.5}))
     merged = eval_file(tmp_path, "eval/b-onto-a/attn_only_no_rescale/fisher.json", "fisher", "attn_only_no_rescale",
                        [("a", "text_classification", 0.5)])
-    rows = {r["stage"]: r for r in write_table3([str(model), str(matched), merged], tmp_path / "table3.csv")}
+    rows = {r["stage"]: r for r in run_report("table3", [str(model), str(matched), merged], str(tmp_path / "table3.csv"))}
     assert rows["finetune"]["ours_minilm"] == 30.0 and rows["matching"]["ours_vit"] == 0.5
     assert rows["merge_fisher"]["ours_minilm"] == 2.0 and rows["merge_fisher"]["paper_roberta-base"] == 69.57
     assert (tmp_path / "table3.md").read_text().startswith("# Table 3")

@@ -16,8 +16,7 @@ from symfusion.pipeline.stages.multimodel import run_multimodel
 from symfusion.symmetry import (Transform, apply_transform, random_orthogonal, random_transform,
                                 rotate_bias, rotate_rows)
 from symfusion.matching.multi import pairwise_distances
-from symfusion.pipeline.report.audit import multimodel_summary
-from symfusion.pipeline.report.language import multimodel_rows
+from symfusion.pipeline.report.multimodel import multimodel_rows, multimodel_summary
 from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
 
 PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm")

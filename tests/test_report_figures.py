@@ -5,9 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from symfusion.pipeline.report.audit import summary_lines
-from symfusion.pipeline.report.figures import fig5_barrier
-from symfusion.pipeline.report.language import fig6_layers
+from symfusion.pipeline.report.artefacts import run_report, summary_lines
 
 ALPHAS = [0.0, 0.5, 1.0]
 
@@ -34,7 +32,7 @@ def test_fig5_pairs_each_matching_with_the_unmatched_path_and_gives_its_change_i
     none_path, none = barrier_result(tmp_path, "none", none_source, bump=1.0, seed=0)
     rot_path, rot = barrier_result(tmp_path, "rotation", matched / "rotation", bump=0.2, seed=1)
     attn_path, attn = barrier_result(tmp_path, "attn_only", matched / "attn_only", bump=0.9, seed=2)
-    rows = fig5_barrier([none_path, rot_path, attn_path], tmp_path / "fig5_barrier.png")
+    rows = run_report("fig5_barrier", [none_path, rot_path, attn_path], str(tmp_path / "fig5_barrier.png"))
     assert {r["pair"] for r in rows} == {"seed1-onto-seed0"}           # one pair, not one per way of naming it
     assert [r["matching"] for r in rows[::3]] == ["none", "attn_only", "rotation"]
     for data in (rot, attn):
@@ -60,7 +58,7 @@ def test_fig6_gives_losses_and_scores_in_points(tmp_path):
         {"task": "debates_party", "setting": "none", "k": 0, "loss": 0.65, "score": 0.25},
         {"task": "debates_party", "setting": "single", "k": 0, "loss": 0.64, "score": 0.26},
         {"task": "debates_party", "setting": "tail", "k": 1, "loss": 0.63, "score": None}]}))
-    rows = fig6_layers([str(sweep)], tmp_path / "fig6_layers.png")
+    rows = run_report("fig6_layers", [str(sweep)], str(tmp_path / "fig6_layers.png"))
     assert [r["score"] for r in rows] == [25.0, 26.0, None]
     assert [r["loss"] for r in rows] == [0.65, 0.64, 0.63]
     assert not any("change_low" in r for r in rows)          # a sweep without per-example losses: no intervals
@@ -80,7 +78,7 @@ def test_fig6_gives_each_loss_change_its_paired_interval(tmp_path):
     sweep.parent.mkdir(parents=True)
     sweep.write_text(json.dumps({"rows": [row("none", 0, base), row("single", 0, lower), row("single", 1, noisy),
                                           row("tail", 1, base)]}))
-    rows = fig6_layers([str(sweep)], tmp_path / "fig6_layers.png")
+    rows = run_report("fig6_layers", [str(sweep)], str(tmp_path / "fig6_layers.png"))
     none, drop, shift, same = rows
     assert "loss_change" not in none
     assert drop["loss_change"] == pytest.approx(-0.05)
@@ -105,7 +103,7 @@ def test_fig5_summary_over_several_pairs_gives_mean_barriers(tmp_path):
             path, data = barrier_result(tmp_path, matching, matched / matching, bump=bump, seed=seed + len(paths))
             paths.append(path)
             barriers.setdefault(matching, []).append(data["barrier"])
-    rows = fig5_barrier(paths, tmp_path / "fig5_barrier.png")
+    rows = run_report("fig5_barrier", paths, str(tmp_path / "fig5_barrier.png"))
     assert {r["pair"] for r in rows} == {"seed1-onto-seed0", "seed2-onto-seed0"}
     rotation = next(r for r in rows if r["matching"] == "rotation")
     mean = {m: sum(b) / 2 for m, b in barriers.items()}

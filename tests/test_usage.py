@@ -73,3 +73,16 @@ def test_bench_pipeline_reads_the_warm_workers_last_run(tmp_path):
                    "refused merge: another environment: FOO\njob 7 (train): exit 0 after 9.0 s\n"
                    "usage: symfusion-worker user 20.50 s, system 2.25 s (its jobs included)\n")
     assert bench_pipeline().worker_usage(tmp_path) == {"jobs": 2, "refused": 1, "cpu": 22.75}
+
+
+def test_the_prediction_scales_the_mini_profiles_cost_by_this_machines_rate():
+    bench = bench_pipeline()
+    low, high = bench.MINI_COST_TFLOP
+    fast, slow = bench.predict(2 * low, None, 2), bench.predict(low, None, 2)
+    assert f"about {500:,.0f}-{1e3 * high / (2 * low):,.0f} CPU s here" in fast      # TFLOP / (GFLOP/s) = 1e3 s
+    assert f"about {1000:,.0f}-{1e3 * high / low:,.0f} CPU s here" in slow
+    minutes = round(1e3 / (bench.BUSY_PER_CORE * 2) / 60)
+    assert f", {minutes}-" in slow and "busy" not in slow
+    shared = bench.predict(low, 1.0, 2)                                           # half of the 2 cores taken
+    assert "the rate reads low" in shared and f"at least {2 * 1e3 / (bench.BUSY_PER_CORE * 2) / 60:.0f}-" in shared
+    assert "longest chain" in bench.predict(low, None, 8) and "longest chain" not in slow

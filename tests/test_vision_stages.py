@@ -10,8 +10,9 @@ from safetensors.torch import load_file, save_file
 from symfusion import cli
 from symfusion.config import CONF_DIR
 from symfusion.pipeline.stages.evaluate import run_evaluate
-from symfusion.pipeline.report.figures import fig3_ablation
-from symfusion.pipeline.report.tables import table2_rows
+from symfusion.pipeline.report.artefacts import run_report
+from symfusion.pipeline.report.registry import experiment
+from symfusion.pipeline.report.table2 import table2_rows
 from symfusion.pipeline.tasks import make_task
 
 TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
@@ -182,7 +183,7 @@ def merged_evaluation_files(folder, accuracies: dict[str, float]) -> list[str]:
 
 def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
     paths = merged_evaluation_files(tmp_path, {"none": 0.5, "rotation_no_rescale": 0.6, "rotation": 0.62})
-    (row,) = table2_rows(paths)
+    (row,) = table2_rows(paths, experiment("table2"))
     assert row["ours_none"] == pytest.approx(50.0) and row["ours_full"] == pytest.approx(62.0)
     assert row["paper_none"] == pytest.approx(7.60) and row["paper_full"] == pytest.approx(10.19)
     assert row["effect"] == pytest.approx(12.0) and row["effect_low"] < 12.0 < row["effect_high"]
@@ -192,7 +193,7 @@ def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
 
 def test_fig3_data_gives_each_matchings_effect_and_leaves_it_empty_for_the_unmatched_bar(tmp_path):
     accuracies = {"none": 0.5, "ffn_only": 0.5, "attn_only": 0.55, "rotation_no_rescale": 0.6, "rotation": 0.62}
-    rows = fig3_ablation(merged_evaluation_files(tmp_path, accuracies), tmp_path / "fig3.png")
+    rows = run_report("fig3_ablation", merged_evaluation_files(tmp_path, accuracies), str(tmp_path / "fig3.png"))
     with open(tmp_path / "fig3.csv") as handle:
         written = list(csv.DictReader(handle))
     assert [r["variant"] for r in written] == list(accuracies) and len(rows) == 5

@@ -234,7 +234,8 @@ def multimodel_command(cfg: DictConfig) -> None:
 
 @report_errors
 def report_command(cfg: DictConfig) -> None:
-    """symfusion-report artefact=NAME inputs=[FILES] output=PATH"""
+    """symfusion-report artefact=NAME inputs=[FILES] output=PATH: an entry of conf/experiments.yaml (a table: output=X.csv,
+    a figure: output=X.png), or artefact=report (output=report.md)"""
     from symfusion.pipeline.report.artefacts import run_report
 
     rows = run_report(cfg.artefact, _container(cfg.inputs) or [], cfg.output)

@@ -1,5 +1,6 @@
-# Shared names: the profile's experiment lists, which model each end model is, and path helpers that
-# format other rules' output patterns (rules.<name>.output), so that no path is typed twice.
+# Shared names: the profile's tracks (which end models each has, which pairs it merges), the conf files the
+# profile names (checked here, when the workflow is read), path helpers that format other rules' output
+# patterns (rules.<name>.output) so that no path is typed twice, and how a value reaches a command line.
 
 VISION = SETTINGS["vision"]
 LANG = SETTINGS["language"]
@@ -8,15 +9,7 @@ VISION_TASK = VISION["task"]
 VISION_MODELS = [f"seed{seed}" for seed in VISION["seeds"]]
 # every pair of end ViTs, the earlier seed's model as the anchor: 2 seeds give 1 pair, 3 seeds 3 pairs
 VISION_PAIRS = [(b, a) for i, a in enumerate(VISION_MODELS) for b in VISION_MODELS[i + 1:]]
-ANCHOR_ID, SOURCE_ID = VISION_PAIRS[0][1], VISION_PAIRS[0][0]      # the first pair (Table 3's timings)
 FUSION_METHODS = VISION["fusion_methods"]
-
-# Table 2 columns and Figure 3-5 bars: the matching variant behind each.
-TABLE2_MATCHINGS = ["none", "rotation_no_rescale", "rotation"]
-FIG3_MATCHINGS = ["none", "ffn_only", "attn_only", "rotation_no_rescale", "rotation"]
-FIG4_MATCHINGS = ["none", "git_rebasin", "ot_ffn", "rotation_no_rescale", "rotation"]
-FIG5_MATCHINGS = ["none", "attn_only", "ffn_only", "rotation"]
-MERGED_VISION_MATCHINGS = sorted(set(TABLE2_MATCHINGS + FIG3_MATCHINGS))   # those merged (vision_evals)
 
 LANG_MODELS = LANG["models"]
 LANG_OOD = LANG["ner_ood"]
@@ -24,9 +17,76 @@ LANG_MATCHINGS = ["none", LANG["matching"]]
 LANG_METHODS = LANG["fusion_methods"]
 
 
-# ---------------------------------------------------------------- end models of the two tracks
-# vision: group = the image task, name = seed<N> (trained from scratch);
-# lang:   group = the pretrained encoder (conf/model), name = the dataset it is fine-tuned on.
+def lang_pairs(datasets):
+    """Pairwise in-domain merges: (source, anchor) with the earlier dataset as anchor."""
+    return [(b, a) for i, a in enumerate(datasets) for b in datasets[i + 1:]]
+
+
+# ---------------------------------------------------------------- tracks
+# A track: groups of end models (vision: the image task, its end models are seeds trained from scratch;
+# lang: each pretrained encoder, its end models are the datasets it is fine-tuned on). The registry's input
+# builders (experiments.smk) read a track only through this table and TRACK_RULES; a track with no groups
+# is not built. A new track adds its entry in both, and the rules that write its results.
+TRACKS = {
+    "vision": {
+        "groups": [VISION_TASK],
+        "models": VISION_MODELS,             # every end model (registry: models: all)
+        "merged": VISION_MODELS,             # the end models its merges fuse (models: merged)
+        "pairs": VISION_PAIRS,               # (source, anchor) of every pairwise merge, the first pair first
+        "group": [],                         # the models of its group merge, anchor first (none)
+        "methods": FUSION_METHODS,           # its fusion methods, in the order its merge rules write them
+        "matching": None,                    # the profile's matching of the track (registry: `profile`)
+    },
+    "lang": {
+        "groups": LANG_MODELS,
+        "models": LANG["emotion"] + LANG["ner"] + LANG["glue"],
+        "merged": LANG["emotion"] + LANG["ner"],
+        "pairs": lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"]),
+        "group": LANG["ner"],
+        "methods": LANG_METHODS,
+        "matching": LANG["matching"],
+    },
+}
+# The rule that writes each track-specific kind of input (registry `inputs`); its output patterns take the
+# wildcards group, source, anchor and matching, and a merge rule writes one output per method of the track.
+TRACK_RULES = {
+    "vision": {"merged_evals": "merge_evaluate", "barriers": "barrier", "multimodel": "vision_multimodel"},
+    "lang": {"merged_evals": "lang_merge_pair", "group_evals": "lang_merge_group", "layer_sweeps": "layer_sweep",
+             "multimodel": "multimodel", "barycenter_evals": "multimodel_merge"},
+}
+
+
+wildcard_constraints:
+    track="|".join(TRACKS),
+
+
+# ---------------------------------------------------------------- the conf files a profile names
+
+
+def conf_options(group):
+    return sorted(p[:-5] for p in os.listdir(f"conf/{group}") if p.endswith(".yaml"))
+
+
+def check_conf_names(named):
+    """Every (profile key, conf group, name) must be a conf/<group>/<name>.yaml: a typo fails here, not inside a
+    job (for a language matching: not after the fine-tunings have run)."""
+    for key, group, name in named:
+        if not os.path.isfile(f"conf/{group}/{name}.yaml"):
+            fail(f"{PROFILE_FILE}: {key}: {name!r} is no conf/{group}/{name}.yaml; choose one of "
+                 + ", ".join(conf_options(group)))
+
+
+check_conf_names(
+    [("vision.task", "task", VISION_TASK), ("vision.model", "model", VISION["model"])]
+    + [("vision.fusion_methods", "fusion", m) for m in FUSION_METHODS]
+    + [("language.models", "model", m) for m in LANG_MODELS]
+    + [(f"language.{key}", "task", t) for key in ("emotion", "ner", "glue") for t in LANG[key]]
+    + [("language.ner_ood", "task", LANG_OOD), ("language.matching", "matching", LANG["matching"])]
+    + [("language.fusion_methods", "fusion", m) for m in LANG_METHODS]
+)
+
+
+# ---------------------------------------------------------------- end models of the tracks
 
 
 def end_model_task(wildcards):
@@ -77,11 +137,17 @@ def statistics_file(track, group, name):
     return rules.statistics.output[0].format(track=track, group=group, name=name)
 
 
-def merged_pairs(track):
-    """(source, anchor) of every pairwise merge of a track."""
-    if track == "vision":
-        return VISION_PAIRS
-    return [pair for datasets in (LANG["emotion"], LANG["ner"]) for pair in lang_pairs(datasets)]
+def end_eval(track, group, name):
+    return rules.evaluate_end_model.output[0].format(track=track, group=group, name=name)
+
+
+def track_result(track, kind, method=None, **wildcards):
+    """The file that a track's rule for `kind` (TRACK_RULES) writes for these wildcards (and this method)."""
+    outputs = getattr(rules, TRACK_RULES[track][kind]).output
+    return outputs[TRACKS[track]["methods"].index(method) if method else 0].format(**wildcards)
+
+
+# ---------------------------------------------------------------- shared statistics
 
 
 def unmoved(models, matching):
@@ -90,11 +156,11 @@ def unmoved(models, matching):
 
 
 def merges_of(track):
-    """(models, matching) of every merge a track runs: each pair under each matching, and (language) the NER
-    group under each matching."""
-    matchings = MERGED_VISION_MATCHINGS if track == "vision" else LANG_MATCHINGS
-    groups = [[a, s] for s, a in merged_pairs(track)] + ([LANG["ner"]] if track == "lang" else [])
-    return [(models, m) for models in groups for m in matchings]
+    """(models, matching) of every merge a track runs: each pair under each matching the registry's pairwise
+    merges need, and the track's group under each matching its group merges need (experiments.smk)."""
+    pairs = [([a, s], m) for s, a in TRACKS[track]["pairs"] for m in merged_matchings(track, "merged_evals")]
+    group = TRACKS[track]["group"]
+    return pairs + [(group, m) for m in merged_matchings(track, "group_evals") if group]
 
 
 def shares_statistics(track, name):
@@ -111,28 +177,30 @@ def unmoved_statistics(track, group, names):
     return [statistics_file(track, group, n) for n in names if shares_statistics(track, n)]
 
 
-def statistics_option(wildcards, input):
-    """symfusion-merge's statistics=[..] override for a rule's input.statistics (nothing when there are none)."""
-    return f"'statistics=[{','.join(input.statistics)}]'" if input.statistics else ""
+# ---------------------------------------------------------------- values on a command line
+# Every value on a rule's command line goes through the shell as one word (`{params.x:q}`, `{log:q}`;
+# tests/test_workflow.py checks that no rule's shell interpolates anything unquoted), and every path reaches
+# Hydra as a quoted string, so that a space, comma, bracket, quote or ${ in a path arrives intact.
 
 
-def end_eval(track, group, name):
-    return rules.evaluate_end_model.output[0].format(track=track, group=group, name=name)
+PLAIN_PATH = re.compile(r"(?=.*/)[A-Za-z0-9_./][A-Za-z0-9_./-]*")    # with a slash: Hydra reads it as a string
+PLAIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
-def merged_eval(task, source, anchor, matching, method):
-    pattern = rules.merge_evaluate.output[FUSION_METHODS.index(method)]
-    return pattern.format(task=task, source=source, anchor=anchor, matching=matching)
+def hydra_quote(value):
+    """A string as a Hydra override value that Hydra and OmegaConf give back unchanged: as it is when it is a
+    plain path or name (readable logs), else single-quoted with its quotes, backslashes and ${ escaped."""
+    text = str(value)
+    if PLAIN_PATH.fullmatch(text) or (PLAIN_NAME.fullmatch(text) and text not in ("null", "true", "false", "nan", "inf")):
+        return text
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)     # OmegaConf: a literal ${
+    text = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{text}'"
 
 
-def vision_evals(matchings):
-    """Every vision pair's merged evaluations for the given matchings and every fusion method."""
-    return [merged_eval(VISION_TASK, s, a, m, f) for s, a in VISION_PAIRS for m in matchings for f in FUSION_METHODS]
-
-
-def comma_joined(wildcards, input):
-    """A rule's input files as one comma-separated string, for Hydra list overrides."""
-    return ",".join(input)
+def hydra_list(values):
+    """A list override value, each item quoted: [a,b] -> ['a','b']."""
+    return "[" + ",".join(hydra_quote(v) for v in values) + "]"
 
 
 def hydra_value(value):
@@ -142,18 +210,37 @@ def hydra_value(value):
     return str(value)
 
 
+def quoted_input(name=None):
+    """A params function: the rule's input `name` (a key or a position; all of its inputs when None) as a quoted
+    Hydra value, a list when the input is a list."""
+    def value(wildcards, input):
+        chosen = input if name is None else input[name] if isinstance(name, int) else getattr(input, name)
+        return hydra_quote(chosen) if isinstance(chosen, str) else hydra_list(chosen)
+    return value
+
+
+def quoted_output(wildcards, output):
+    """A params function: the rule's first output as a quoted Hydra value."""
+    return hydra_quote(output[0])
+
+
+def quoted_dirname(wildcards, output):
+    """A params function: the folder of the rule's first output (eval_dir=) as a quoted Hydra value."""
+    return hydra_quote(os.path.dirname(output[0]))
+
+
+def statistics_option(wildcards, input):
+    """symfusion-merge's statistics=[..] for a rule's input.statistics (null when there are none)."""
+    return hydra_list(input.statistics) if input.statistics else "null"
+
+
 # ---------------------------------------------------------------- language track
 
 
-def lang_pairs(datasets):
-    """Pairwise in-domain merges: (source, anchor) with the earlier dataset as anchor."""
-    return [(b, a) for i, a in enumerate(datasets) for b in datasets[i + 1:]]
-
-
 def method_options(lmodel, dataset):
-    """Hydra override of a language merge's method options: statistic batches of Fisher / RegMean, and
-    RegMean's alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>",
-    then "default"; setting = ner or emotion)."""
+    """Hydra value of a language merge's method_options: statistic batches of Fisher / RegMean, and RegMean's
+    alpha per model and setting (language.regmean_alpha: "<model>/<setting>", then "<model>", then "default";
+    setting = ner or emotion)."""
     batches = LANG["fusion_batches"]
     options = {"fisher": {"num_batches": batches}, "regmean": {"num_batches": batches}}
     alphas = LANG.get("regmean_alpha") or {}
@@ -161,50 +248,4 @@ def method_options(lmodel, dataset):
     alpha = alphas.get(f"{lmodel}/{setting}", alphas.get(lmodel, alphas.get("default")))
     if alpha is not None:
         options["regmean"]["alpha"] = alpha
-    return f"'method_options={hydra_value(options)}'"
-
-
-# ---------------------------------------------------------------- report inputs (called in report.smk)
-
-
-def lang_pair_evals(lmodel):
-    """Every pairwise language merge's eval JSON (emotion and NER pairs, unmatched and matched)."""
-    return [rules.lang_merge_pair.output[LANG_METHODS.index(f)].format(lmodel=lmodel, source=s, anchor=a, matching=m)
-            for datasets in (LANG["emotion"], LANG["ner"])
-            for s, a in lang_pairs(datasets) for m in LANG_MATCHINGS for f in LANG_METHODS]
-
-
-def table1_inputs():
-    files = []
-    for lmodel in LANG_MODELS:
-        files += lang_pair_evals(lmodel)
-        files += [rules.lang_merge_group.output[LANG_METHODS.index(f)].format(lmodel=lmodel, matching=m)
-                  for m in LANG_MATCHINGS for f in LANG_METHODS]
-        files += [end_eval("lang", lmodel, d) for d in LANG["emotion"] + LANG["ner"]]
-    return files
-
-
-def table3_inputs():
-    """Timings: end models' train.json, matched folders' match.json, merged models' evals (merge seconds)."""
-    files = [model_dir("vision", VISION_TASK, m) for m in (ANCHOR_ID, SOURCE_ID)]
-    files += [matched_dir("vision", VISION_TASK, SOURCE_ID, ANCHOR_ID, "rotation")]
-    files += [merged_eval(VISION_TASK, SOURCE_ID, ANCHOR_ID, "rotation", f) for f in FUSION_METHODS
-              if f in ("simple", "fisher", "regmean")]
-    for lmodel in LANG_MODELS:
-        pairs = lang_pairs(LANG["emotion"]) + lang_pairs(LANG["ner"])
-        files += [model_dir("lang", lmodel, d) for d in LANG["emotion"] + LANG["ner"] + LANG["glue"]]
-        files += [source_dir("lang", lmodel, s, a, LANG_MATCHINGS[1]) for s, a in pairs]
-        files += lang_pair_evals(lmodel)
-    return files
-
-
-def multimodel_inputs():
-    """The end ViTs' multi-model report; per language model: its report, and the barycentre and anchor
-    grouped simple merges' evals."""
-    files = [rules.vision_multimodel.output[0].format(task=VISION_TASK)]
-    for lmodel in LANG_MODELS:
-        files += [rules.multimodel.output.report.format(lmodel=lmodel),
-                  rules.multimodel_merge.output[0].format(lmodel=lmodel),
-                  rules.lang_merge_group.output[LANG_METHODS.index("simple")].format(lmodel=lmodel,
-                                                                                     matching=LANG_MATCHINGS[1])]
-    return files
+    return hydra_value(options)

@@ -6,6 +6,7 @@ rule data:
         f"{RESULTS}/data/{{task}}.json",
     params:
         profile=PROFILE,
+        output=quoted_output,
     log:
         f"{LOGS}/data/{{task}}.log",
     benchmark:
@@ -13,4 +14,5 @@ rule data:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-data task={wildcards.task} profile={params.profile} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-data "
+        "task={wildcards.task:q} profile={params.profile:q} output={params.output:q} > {log:q} 2>&1"

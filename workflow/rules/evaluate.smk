@@ -9,8 +9,10 @@ rule evaluate_end_model:
         f"{RESULTS}/{{track}}/{{group}}/eval/end/{{name}}.json",
     params:
         task=end_model_task,
-        tasks=lambda w: ",".join(end_model_eval_tasks(w)),
+        tasks=lambda w: hydra_list(end_model_eval_tasks(w)),
         profile=PROFILE,
+        model_dir=quoted_input(0),
+        output=quoted_output,
     log:
         f"{LOGS}/{{track}}/{{group}}/evaluate/end/{{name}}.log",
     benchmark:
@@ -21,5 +23,6 @@ rule evaluate_end_model:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-evaluate task={params.task} profile={params.profile} model_dir={input} "
-        "'tasks=[{params.tasks}]' output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-evaluate "
+        "task={params.task:q} profile={params.profile:q} model_dir={params.model_dir:q} tasks={params.tasks:q} "
+        "output={params.output:q} > {log:q} 2>&1"

@@ -7,6 +7,10 @@ rule match:
         anchor=lambda w: model_dir(w.track, w.group, w.anchor),
     output:
         directory(f"{RESULTS}/{{track}}/{{group}}/matched/{{source}}-onto-{{anchor}}/{{matching}}"),
+    params:
+        source=quoted_input("source"),
+        anchor=quoted_input("anchor"),
+        output=quoted_output,
     log:
         f"{LOGS}/{{track}}/{{group}}/match/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
@@ -15,5 +19,6 @@ rule match:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-match source={input.source} anchor={input.anchor} output={output} "
-        "matching={wildcards.matching} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-match "
+        "source={params.source:q} anchor={params.anchor:q} output={params.output:q} "
+        "matching={wildcards.matching:q} > {log:q} 2>&1"

@@ -15,8 +15,10 @@ rule statistics:
     params:
         task=end_model_task,
         profile=PROFILE,
-        methods=lambda w: ",".join(FUSION_METHODS if w.track == "vision" else LANG_METHODS),
-        options=lambda w: "" if w.track == "vision" else method_options(w.group, w.name),
+        methods=lambda w: hydra_list(TRACKS[w.track]["methods"]),
+        options=lambda w: "null" if w.track == "vision" else method_options(w.group, w.name),
+        model_dir=quoted_input(0),
+        output=quoted_output,
     log:
         f"{LOGS}/{{track}}/{{group}}/statistics/{{name}}.log",
     benchmark:
@@ -27,31 +29,34 @@ rule statistics:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-statistics task={params.task} "
-        "profile={params.profile} model_dir={input} 'methods=[{params.methods}]' {params.options} output={output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-statistics "
+        "task={params.task:q} profile={params.profile:q} model_dir={params.model_dir:q} methods={params.methods:q} "
+        "method_options={params.options:q} output={params.output:q} > {log:q} 2>&1"
 
 
 rule merge_evaluate:
     input:
-        anchor=model_dir("vision", "{task}", "{anchor}"),
-        source=matched_dir("vision", "{task}", "{source}", "{anchor}", "{matching}"),
-        statistics=lambda w: unmoved_statistics("vision", w.task, unmoved([w.anchor, w.source], w.matching)),
+        anchor=model_dir("vision", "{group}", "{anchor}"),
+        source=matched_dir("vision", "{group}", "{source}", "{anchor}", "{matching}"),
+        statistics=lambda w: unmoved_statistics("vision", w.group, unmoved([w.anchor, w.source], w.matching)),
     output:
-        [f"{RESULTS}/vision/{{task}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
+        [f"{RESULTS}/vision/{{group}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
     params:
-        methods=",".join(FUSION_METHODS),
+        methods=hydra_list(FUSION_METHODS),
         profile=PROFILE,
-        eval_dir=lambda w, output: os.path.dirname(output[0]),
+        models=lambda w, input: hydra_list([input.anchor, input.source]),
+        eval_dir=quoted_dirname,
         statistics=statistics_option,
     log:
-        f"{LOGS}/vision/{{task}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
+        f"{LOGS}/vision/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
-        f"{BENCH}/vision/{{task}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
+        f"{BENCH}/vision/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge task={wildcards.task} profile={params.profile} "
-        "'methods=[{params.methods}]' 'models=[{input.anchor},{input.source}]' {params.statistics} eval_dir={params.eval_dir} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge "
+        "task={wildcards.group:q} profile={params.profile:q} methods={params.methods:q} models={params.models:q} "
+        "statistics={params.statistics:q} eval_dir={params.eval_dir:q} > {log:q} 2>&1"

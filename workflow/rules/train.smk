@@ -12,6 +12,7 @@ rule train:
         model=end_model_model,
         seed=end_model_seed,
         profile=PROFILE,
+        output=quoted_output,
     log:
         f"{LOGS}/{{track}}/{{group}}/train/{{name}}.log",
     benchmark:
@@ -23,5 +24,6 @@ rule train:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-train task={params.task} model={params.model} profile={params.profile} "
-        "seed={params.seed} output={output} threads={threads} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-train "
+        "task={params.task:q} model={params.model:q} profile={params.profile:q} seed={params.seed:q} "
+        "output={params.output:q} threads={threads} > {log:q} 2>&1"

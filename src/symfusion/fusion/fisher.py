@@ -182,7 +182,7 @@ def _fuse(models: list, fishers: list[dict], epsilon: float, normalize: str, pla
 
 
 METHOD = FusionMethod(
-    "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True,
+    "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True, label="Fisher",
     statistic=_statistic, statistic_options=("num_examples", "chunk_size"),
     options=(
         Option("num_examples", {"vit": 1000, "default": None},

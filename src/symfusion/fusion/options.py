@@ -81,12 +81,15 @@ class FusionMethod:
     fuse: Callable[..., dict]
     summary: str
     options: tuple[Option, ...] = ()
+    label: str = ""                     # its display name in tables and figures ("RegMean"); required
     reads_data: bool = False            # needs statistic batches (the stage loads fusion.num_batches of them)
     statistic: Callable[..., dict] | None = None   # one model's statistic from its batches (tensors by name)
     statistic_options: tuple[str, ...] = ()        # the options `statistic` takes; `fuse` gets the others
     _by_name: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        if not self.label.strip():       # a method without a display name would drop out of the report's tables
+            raise SymfusionError(f"fusion method {self.name!r} declares no label; give FusionMethod(..., label=...)")
         object.__setattr__(self, "_by_name", {o.name: o for o in self.options})
 
     def defaults(self) -> dict:

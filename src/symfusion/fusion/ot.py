@@ -116,11 +116,11 @@ _ACTS = (
 )
 
 ACTS = FusionMethod("ot_acts", _fuse_acts, "OT fusion, Sinkhorn maps from standardized activations",
-                    options=(_reg(0.08),) + _ACTS, reads_data=True)
+                    options=(_reg(0.08),) + _ACTS, reads_data=True, label="OT-ACTS")
 ACTS_EMD = FusionMethod("ot_acts_emd", _fuse_acts_emd, "OT fusion, exact EMD maps from standardized activations",
-                        options=_ACTS, reads_data=True)
+                        options=_ACTS, reads_data=True, label="OT-ACTS-EMD")
 WTS = FusionMethod("ot_wts", _fuse_wts, "OT fusion, Sinkhorn maps from normalised weight rows",
-                   options=(_reg(0.06), _COST, _RESIDUAL))
+                   options=(_reg(0.06), _COST, _RESIDUAL), label="OT-WTS")
 METHODS = (ACTS, ACTS_EMD, WTS)
 
 merge_acts, merge_acts_emd, merge_wts = ACTS.merge, ACTS_EMD.merge, WTS.merge

@@ -115,6 +115,7 @@ def _fuse(models: list, grams: list[dict], alpha: float, anchor_keys: list[str])
 
 METHOD = FusionMethod(
     "regmean", _fuse, "closed-form merge of every linear layer from its input Gram matrices", reads_data=True,
+    label="RegMean",
     statistic=_statistic, statistic_options=("num_examples",),
     options=(
         Option("alpha", {"vit": 0.0, "default": 0.1},

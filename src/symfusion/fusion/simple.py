@@ -25,5 +25,5 @@ def _fuse(models: list, batches=None) -> dict:
     return average_states([m.state_dict() for m in models])
 
 
-METHOD = FusionMethod("simple", _fuse, "parameter average", reads_data=False)
+METHOD = FusionMethod("simple", _fuse, "parameter average", reads_data=False, label="Simple")
 merge = METHOD.merge

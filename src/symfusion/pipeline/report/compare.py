@@ -2,7 +2,8 @@
 
     symfusion-compare RUN_DIR [--reference REF_DIR] [--figures FIG_DIR] [--tolerance X] [--exact | --within-intervals]
 
-RUN_DIR is results/<profile> of a new run. The reference defaults to the committed reference run,
+RUN_DIR is results/<profile> of a new run; the files compared are the CSVs of the experiment registry's entries
+with `compare: true` (conf/experiments.yaml). The reference defaults to the committed reference run,
 reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data). It is kept apart from
 results/ so that a fresh clone's pipeline really runs instead of finding its outputs present. The run's
 figure data are found from the run's own report (the figures its report.md shows), wherever the command
@@ -22,9 +23,18 @@ import re
 import sys
 from pathlib import Path
 
-# Artefacts compared, relative to the results dir (tables) or the figures dir (figure data).
-TABLES = ("table1.csv", "table2.csv", "multimodel.csv")
-FIGURE_DATA = ("fig3_ablation.csv", "fig4_distance.csv", "fig5_barrier.csv", "fig6_layers.csv")
+from symfusion.errors import SymfusionError
+from symfusion.pipeline.report.registry import experiments
+
+
+def compared_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(tables, figure data): the CSV of every registry entry with `compare: true`, relative to the results dir
+    (tables) or the figures dir (figures), in the registry's order."""
+    entries = [e for e in experiments().values() if e.compare]
+    return (tuple(f"{e.name}.csv" for e in entries if e.kind == "table"),
+            tuple(f"{e.name}.csv" for e in entries if e.kind == "figure"))
+
+
 TIMING_COLUMNS = ("seconds",)            # never compared (nor Table 3): seconds depend on the machine and its load
 DEFAULT_TOLERANCE = 0.5   # points of accuracy / F1 (x100) and loss units: same-machine reruns agree exactly
 
@@ -142,8 +152,9 @@ def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_fig
                 tolerance: float, within_intervals: bool = False, only: list[str] | None = None) -> tuple[list[str], int]:
     """(problems, number of files compared); `only` limits the comparison to these artefacts (file names)."""
     problems, compared = [], 0
-    pairs = [(t, run_dir / t, reference / t) for t in TABLES]
-    pairs += [(f, figures_dir / f, reference_figures / f) for f in FIGURE_DATA]
+    tables, figure_data = compared_files()
+    pairs = [(t, run_dir / t, reference / t) for t in tables]
+    pairs += [(f, figures_dir / f, reference_figures / f) for f in figure_data]
     if only:
         pairs = [p for p in pairs if p[0] in only]
     for name, path, ref in pairs:
@@ -204,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.exact and args.within_intervals:
         return usage_error("give --exact or --within-intervals, not both")
     only = [name.strip() for name in args.only.split(",")] if args.only else None
-    unknown = sorted(set(only or []) - set(TABLES + FIGURE_DATA))
+    try:
+        known = sum(compared_files(), ())
+    except SymfusionError as error:
+        return usage_error(str(error))
+    unknown = sorted(set(only or []) - set(known))
     if unknown:
-        return usage_error(f"--only {unknown[0]}: not an artefact; choose from {', '.join(TABLES + FIGURE_DATA)}")
+        return usage_error(f"--only {unknown[0]}: not an artefact; choose from {', '.join(known)}")
     problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance,
                                      args.within_intervals, only)
     if problems:

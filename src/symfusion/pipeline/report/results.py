@@ -1,41 +1,57 @@
-"""Reading stage results (eval, match and barrier JSON) and the paper's reference tables."""
+"""Reading stage results (checked against the shape each artefact reads) and writing artefacts (CSV, signed Markdown, PNG/PDF).
+
+Shared by every writer of report/. A writer reads its inputs through `read_json` after `check_inputs` has
+checked every one of them against the writer's SHAPES (JSON Schema per kind of input), and returns what it
+writes as data (`Built`); symfusion-report (artefacts.py) swaps all of an artefact's files in only after
+the whole artefact is computed, so a failure leaves nothing written and no earlier output replaced.
+"""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import re
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import jsonschema
+import matplotlib
 
 from symfusion.config import CONF_DIR
 from symfusion.errors import SymfusionError
+from symfusion.fusion import FUSION_METHODS
 from symfusion.outputs import safe_output
 
-PAPER_DIR = CONF_DIR / "paper"
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the writers' plotting module, without a display)
 
-# Display names of the matching variants, as the paper labels them.
-VARIANT_LABELS = {
-    "none": "w/o match",
-    "ffn_only": "w/o ATTN",
-    "attn_only": "w/o FFN",
-    "rotation_no_rescale": "w/o rescale",
-    "rotation": "match",
-    "git_rebasin": "Git Re-Basin",
-    "ot_ffn": "OT-Fusion (FFN)",
-}
-METHOD_LABELS = {
-    "simple": "Simple", "fisher": "Fisher", "regmean": "RegMean",
-    "ot_acts_emd": "OT-ACTS-EMD", "ot_acts": "OT-ACTS", "ot_wts": "OT-WTS",
-}
+PAPER_DIR = CONF_DIR / "paper"
+FOLDER_REPORTS = ("match.json", "merge.json", "train.json")   # the stage report a result folder holds
+RESULT_FILE = "file"                                          # a result given as a JSON file, not a folder
+
+__all__ = ["plt"]
+
+
+# ---------------------------------------------------------------- reading results
+
+
+def result_file(path: str | Path) -> tuple[str, Path]:
+    """(kind, JSON file) of a result: a folder's own stage report (match.json, merge.json or train.json), or
+    the file itself (kind RESULT_FILE)."""
+    path = Path(path)
+    if path.is_dir():
+        found = [name for name in FOLDER_REPORTS if (path / name).is_file()]
+        if not found:
+            raise SymfusionError(f"{path} holds no {', '.join(FOLDER_REPORTS)}; rerun the stage that writes it")
+        return found[0], path / found[0]
+    return RESULT_FILE, path
 
 
 def read_json(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        candidates = [p for p in ("match.json", "merge.json") if (path / p).is_file()]
-        if not candidates:
-            raise SymfusionError(f"{path} holds no match.json or merge.json; rerun the stage that writes it")
-        path = path / candidates[0]
+    """The JSON object of a result (a folder: its stage report), or a one-line error."""
+    _, path = result_file(path)
     if not path.is_file():
         raise SymfusionError(f"result file {path} does not exist; run the pipeline stage that writes it")
     try:
@@ -45,6 +61,39 @@ def read_json(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise SymfusionError(f"{path} is not a JSON result of a symfusion stage; pass the stage's own output")
     return data
+
+
+def check_inputs(paths: list[str], shapes: dict[str, dict], artefact: str) -> None:
+    """Every input against the JSON Schema its kind has in a writer's SHAPES (kind: a folder's report name, or
+    RESULT_FILE): the first one that does not fit is one error line naming the file, the place and the problem."""
+    for path in paths:
+        kind, file = result_file(path)
+        schema = shapes.get(kind)
+        if schema is None:
+            wanted = " or ".join("a JSON result" if k == RESULT_FILE else f"a folder with {k}" for k in shapes)
+            raise SymfusionError(f"{artefact} reads {wanted}, not {path}; pass the results its registry entry names")
+        problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(read_json(path)))
+        if problem is not None:
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path).lstrip(".")
+            raise SymfusionError(f"{file} is not a result {artefact} can read ({problem.message}"
+                                 f"{' at ' + where if where else ''}); pass the stage's own output")
+
+
+# Building blocks of SHAPES: JSON Schema of what a writer reads (only that: other keys may be there).
+NUMBER, STRING, INTEGER = {"type": "number"}, {"type": "string"}, {"type": "integer"}
+OPTIONAL_NUMBER = {"type": ["number", "null"]}
+
+
+def array(items: dict, least: int = 0) -> dict:
+    return {"type": "array", "items": items, "minItems": least}
+
+
+def record(required: dict, **optional) -> dict:
+    """An object with these keys (each of its schema) and maybe the optional ones."""
+    return {"type": "object", "required": list(required), "properties": {**required, **optional}}
+
+
+PER_EXAMPLE = {"type": "object", "minProperties": 1, "additionalProperties": array({"type": ["number", "null"]}, 1)}
 
 
 def read_paper_table(name: str) -> list[dict]:
@@ -60,90 +109,39 @@ def percent(fraction: float | None) -> float | None:
     return None if fraction is None else 100 * fraction
 
 
-def write_csv(rows: list[dict], path: str | Path) -> None:
+def model_name(path: str) -> str:
+    """The language model's name: the folder after lang/ in results/<profile>/lang/<model>/..."""
+    parts = Path(path).parts
+    if "lang" not in parts[:-1]:
+        raise SymfusionError(f"{path} does not lie under a lang/<model>/ folder of a run; pass the pipeline's results")
+    return parts[parts.index("lang") + 1]
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+# ---------------------------------------------------------------- what an artefact writes
+
+
+@dataclass
+class Built:
+    """An artefact, computed: its rows, and each file's content by suffix (".csv" beside the output) or by the
+    name of a sibling file ("provenance.json")."""
+
+    rows: list
+    files: dict[str, str | bytes] = field(default_factory=dict)
+
+
+def csv_text(rows: list[dict]) -> str:
     """Rows as CSV; the columns are every key in order of first appearance (a row lacking one leaves it empty)."""
     fieldnames = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fieldnames, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    write_text_atomic(path, buffer.getvalue())
-
-
-# ---------------------------------------------------------------- outputs of symfusion-report
-
-REPORT_SIGNATURE = "symfusion-report"   # in the PNG / PDF metadata of every figure
-
-
-def is_report_output(path: Path) -> bool:
-    """Whether an existing file is an artefact symfusion-report wrote (a previous output may be replaced)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return False
-    suffix = path.suffix
-    if suffix == ".png":
-        return data.startswith(b"\x89PNG") and REPORT_SIGNATURE.encode() in data
-    if suffix == ".pdf":
-        return data.startswith(b"%PDF") and REPORT_SIGNATURE.encode() in data
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    if suffix == ".md":
-        return text.startswith("# ") and ("\nInputs:\n" in text or text.startswith("# symfusion"))
-    if suffix == ".json":
-        return path.name == "provenance.json" and '"runs"' in text and '"inputs"' in text
-    if suffix == ".csv":      # a table's or figure's numbers: recognised through its twin (.md or .png)
-        twins = [path.with_suffix(".md"), path.with_suffix(".png")]
-        return any(t.is_file() and is_report_output(t) for t in twins)
-    return False
-
-
-# The claims run_report takes on every file of an artefact before it computes anything.
-_CLAIMS: dict[Path, object] = {}
-
-
-@contextmanager
-def claimed(paths: list[Path], inputs: list[str]):
-    """Claim every output file of one artefact (checked, locked) before any is written."""
-    with ExitStack() as stack:
-        for path in paths:
-            claim = stack.enter_context(safe_output(path, "symfusion-report", is_report_output, inputs))
-            _CLAIMS[Path(path)] = claim
-        try:
-            yield
-        finally:
-            for path in paths:
-                _CLAIMS.pop(Path(path), None)
-
-
-@contextmanager
-def _writing(path: Path):
-    """A temp file that replaces `path` on success: through run_report's claim, or a claim of its own."""
-    claim = _CLAIMS.get(Path(path))
-    if claim is not None:
-        with claim.writing() as tmp:
-            yield tmp
-        return
-    with safe_output(path, "symfusion-report", is_report_output) as own:
-        with own.writing() as tmp:
-            yield tmp
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write through a hidden temp file and one atomic swap: a killed writer never leaves a half file."""
-    with _writing(Path(path)) as tmp:
-        tmp.write_text(text)
-
-
-def save_figure(fig, png: str | Path) -> None:
-    """PNG and PDF beside each other (signed in their metadata), each written through a temp file."""
-    png = Path(png)
-    for path, key in ((png, "Software"), (png.with_suffix(".pdf"), "Creator")):
-        with _writing(path) as tmp:
-            fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:],
-                        metadata={key: REPORT_SIGNATURE})
+    return buffer.getvalue()
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
@@ -159,3 +157,93 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if 0 < abs(value) < 1 else f"{value:.2f}"
     return str(value)
+
+
+def inputs_list(paths: list[str]) -> str:
+    return "Inputs:\n" + "".join(f"- {p}\n" for p in paths)
+
+
+def method_label(name: str) -> str:
+    """A fusion method's display name in tables and figures, from its declaration (src/symfusion/fusion/)."""
+    if name not in FUSION_METHODS:
+        raise SymfusionError(f"unknown fusion method {name!r}; choose one of {', '.join(FUSION_METHODS)}")
+    return FUSION_METHODS[name].label
+
+
+def figure_files(fig, png_key: str = ".png") -> dict[str, bytes]:
+    """A figure as PNG and PDF bytes, each signed in its metadata (a previous output is recognised by it)."""
+    files = {}
+    for suffix, key in ((png_key, "Software"), (".pdf", "Creator")):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=150, bbox_inches="tight", format=suffix[1:], metadata={key: REPORT_SIGNATURE})
+        files[suffix] = buffer.getvalue()
+    plt.close(fig)
+    return files
+
+
+# ---------------------------------------------------------------- signatures: recognising a previous output
+
+REPORT_SIGNATURE = "symfusion-report"   # in the PNG / PDF metadata of every figure
+_MD_SIGNED = re.compile(r"\n<!-- symfusion-report sha256:([0-9a-f]{64}) -->\n\Z")
+
+
+def signed_markdown(text: str) -> str:
+    """Markdown with symfusion-report's signature as its last line: an HTML comment (invisible when rendered)
+    holding the sha256 of everything before it, which no user file carries by accident, nor an edited one."""
+    text = text if text.endswith("\n") else text + "\n"
+    return f"{text}\n<!-- {REPORT_SIGNATURE} sha256:{hashlib.sha256(text.encode()).hexdigest()} -->\n"
+
+
+def unsigned_markdown(text: str) -> str:
+    """A signed Markdown output without its signature line."""
+    found = _MD_SIGNED.search(text)
+    return text[:found.start()] if found else text
+
+
+def is_signed_markdown(text: str) -> bool:
+    found = _MD_SIGNED.search(text)
+    return found is not None and hashlib.sha256(text[:found.start()].encode()).hexdigest() == found.group(1)
+
+
+def is_report_output(path: Path) -> bool:
+    """Whether an existing file is an artefact symfusion-report wrote (a previous output may be replaced)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    suffix = path.suffix
+    if suffix == ".png":
+        return data.startswith(b"\x89PNG") and REPORT_SIGNATURE.encode() in data
+    if suffix == ".pdf":
+        return data.startswith(b"%PDF") and REPORT_SIGNATURE.encode() in data
+    if suffix == ".md":
+        try:
+            return is_signed_markdown(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return False
+    if suffix in (".csv", ".json"):   # a table's or figure's numbers, the report's provenance: through their twin
+        twins = [path.with_suffix(".md"), path.with_suffix(".png")] if suffix == ".csv" else [path.parent / "report.md"]
+        return any(t.is_file() and is_report_output(t) for t in twins)
+    return False
+
+
+# ---------------------------------------------------------------- claiming and writing outputs
+
+
+@contextmanager
+def claimed(paths: list[Path], inputs: list[str]):
+    """Claim every output file of one artefact (checked, locked) before anything is computed: {path: claim}."""
+    with ExitStack() as stack:
+        yield {Path(p): stack.enter_context(safe_output(p, "symfusion-report", is_report_output, inputs)) for p in paths}
+
+
+def write_claimed(claims: dict, output: Path, built: Built) -> None:
+    """Every file of a built artefact through its claim: all written to temp files first, then swapped in."""
+    contents = {(output.with_suffix(key) if key.startswith(".") else output.parent / key): data
+                for key, data in built.files.items()}
+    if set(contents) != set(claims):
+        raise SymfusionError(f"internal: the artefact built {sorted(map(str, contents))}, claimed {sorted(map(str, claims))}")
+    with ExitStack() as stack:
+        for path, data in contents.items():
+            tmp = stack.enter_context(claims[path].writing())
+            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
