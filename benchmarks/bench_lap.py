@@ -59,12 +59,15 @@ def solvers() -> dict:
         dist = next((d for d in ("lapx", "lap") if _installed(d)), "lap")
         found[f"{dist} {importlib.metadata.version(dist)} lapjv"] = lambda c: lap.lapjv(-c, extend_cost=False)[1]
         if hasattr(lap, "lapjvs"):
-            found[f"{dist} {importlib.metadata.version(dist)} lapjvs"] = lambda c: np.asarray(lap.lapjvs(-c)[1])
+            found[f"{dist} {importlib.metadata.version(dist)} lapjvs"] = \
+                lambda c: np.asarray(lap.lapjvs(-c, jvx_like=True, prefer_float32=False)[2])
     except ImportError:
         pass
     try:
         import lapjv
-        found[f"lapjv {importlib.metadata.version('lapjv')}"] = lambda c: lapjv.lapjv(-c)[0]
+        version = importlib.metadata.version("lapjv")
+        found[f"lapjv {version} (float64)"] = lambda c: lapjv.lapjv(-c, force_doubles=True)[0]
+        found[f"lapjv {version} (float32, its default)"] = lambda c: lapjv.lapjv((-c).astype(np.float32))[0]
     except ImportError:
         pass
     return found
