@@ -8,7 +8,9 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from symfusion.matching import matching_config
 from symfusion.pipeline import warm
+from symfusion.pipeline.report.registry import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
@@ -41,7 +43,9 @@ def job_counts(profile: str) -> dict[str, int]:
 def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
     paper, rehearsal = job_counts("paper"), job_counts("rehearsal")
     assert paper == rehearsal
-    assert paper["train"] == 3 + 2 * 12 and paper["merge_evaluate"] == 3 * 5     # 3 ViT seeds: 3 pairs
+    merged = {m for e in experiments().values() for k, spec in e.inputs.get("vision", {}).items()
+              if k == "merged_evals" for m in spec.get("matchings", [])}
+    assert paper["train"] == 3 + 2 * 12 and paper["merge_evaluate"] == 3 * len(merged)     # 3 ViT seeds: 3 pairs
 
 
 def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
@@ -70,3 +74,16 @@ def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
     the variable's name must be warm.py's."""
     text = (ROOT / "workflow" / "rules" / "worker.smk").read_text()
     assert re.search(r'^WORKER_VARIABLE = "(\w+)"', text, re.M).group(1) == warm.VARIABLE
+
+
+def test_a_match_job_gets_data_exactly_when_its_matching_reads_data():
+    """The workflow reads conf/matching yamls itself (it runs where symfusion may not be installed): its choice
+    of which match jobs get a data_task must be MatchConfig.needs_data's."""
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--config", "profile=mini",
+                             "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    commands = re.findall(r"symfusion-match .*?matching=(\w+) data_task=(\S+)", result.stdout)
+    assert {m for m, _ in commands} >= {"rotation", "full_symmetry", "full_symmetry_learned"}
+    for matching, task in commands:
+        assert (task != "null") == matching_config(matching).needs_data, (matching, task)

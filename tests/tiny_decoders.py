@@ -25,7 +25,8 @@ def decoder_config(family: str, **overrides):
         return tf.StableLmConfig(**{"use_qkv_bias": True, "partial_rotary_factor": 0.5, **kwargs})
     if family == "gpt2":
         return tf.GPT2Config(vocab_size=kwargs["vocab_size"], n_embd=kwargs["hidden_size"], n_layer=kwargs["num_hidden_layers"],
-                             n_head=kwargs["num_attention_heads"], n_inner=kwargs["intermediate_size"], n_positions=64)
+                             n_head=kwargs["num_attention_heads"], n_inner=kwargs["intermediate_size"], n_positions=64,
+                             **{k: kwargs[k] for k in ("tie_word_embeddings",) if k in kwargs})
     raise ValueError(family)
 
 

@@ -24,12 +24,13 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError, as_symfusion_error
-from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs
 from symfusion.modelio import write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
 from symfusion.sharded import match_folders, tolerance_for
+from symfusion.sharded_whole import match_folders_whole
 from symfusion.symmetry import apply_transform
 
 
@@ -38,17 +39,23 @@ MATCHED_FOLDER = folder_marker("match.json", ("distance_after",))
 
 
 def align(source, anchor, matching: MatchConfig | str = "rotation", output: str | Path | None = None,
-          layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3):
+          layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3,
+          data: list[dict] | None = None):
     """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
     matching: a matching variant of conf/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
-    git_rebasin, ...) or a MatchConfig. layers / last_layers: match only some layers.
+    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, ...) or a MatchConfig. layers /
+    last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
+    activations or the loss (full_symmetry_learned; modules only).
     """
     config = matching_config(matching) if isinstance(matching, str) else matching
+    if config.needs_data and not data:
+        raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
+                             "with labels]")
     try:
         if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-            return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change)
+            return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
         if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
             return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers,
                                   max_relative_output_change)
@@ -62,7 +69,7 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     )
 
 
-def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float):
+def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float, data=None):
     check_compatible(source.config, anchor.config)
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
     # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
@@ -74,7 +81,9 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
     layout = layout_of(source.config, state)
     check_same_layout(layout, layout_of(anchor.config, anchor_state))
     start = time.perf_counter()
-    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers)
+    match_data = MatchData(copy.deepcopy(source).float(), list(data)) if data else None
+    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
+                          tied=_tied(source))
     moved = apply_transform(state, layout, result.transform)
     seconds = time.perf_counter() - start
     matched = copy.deepcopy(source)
@@ -96,8 +105,16 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
         "distance_after": after_dist["total"], "distance_before_by_module": before_dist,
         "distance_after_by_module": after_dist, "relative_output_change": change, "tolerance": limit,
         "seconds": seconds, "seconds_by_stage": result.seconds, "transform": result.transform,
+        "residual": result.residual,
     }
     return matched.eval(), report
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    """Whether the module's output embeddings are its input embeddings (one parameter)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    weight = getattr(head, "weight", None)
+    return weight is not None and weight is getattr(embeddings, "weight", None)
 
 
 def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, layers, last_layers, tolerance: float):
@@ -110,8 +127,15 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, laye
     # the same rules as symfusion-match: a new folder, or a previous matched folder; never an input
     with safe_output(output, "symfusion.align", MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
-            transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
-                                              max_relative_output_change=tolerance, tmp=tmp)
+            if config.residual == "none":
+                transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
+                                                  max_relative_output_change=tolerance, tmp=tmp)
+            elif layers is not None or last_layers is not None:
+                raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
+                                     "it matches the whole model (drop layers= / last_layers=)")
+            else:
+                transform, report = match_folders_whole(source, anchor, output, config,
+                                                        max_relative_output_change=tolerance, tmp=tmp)
             report.update({"source": str(source), "anchor": str(anchor), "output": str(output),
                            "matching_config": asdict(config), "seconds": time.perf_counter() - start,
                            "provenance": provenance(None)})

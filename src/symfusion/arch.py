@@ -190,7 +190,7 @@ def check_finite(state: Mapping[str, torch.Tensor], name: str) -> None:
             raise SymfusionError(f"{name} has non-finite values (NaN/inf) in {key!r}; retrain or re-export that model")
 
 
-def _find_prefix(state: Mapping[str, torch.Tensor], family: str) -> str:
+def find_prefix(state: Mapping[str, torch.Tensor], family: str) -> str:
     """The base-model prefix ('' for a bare model, 'bert.' under a task head, ...)."""
     names = FAMILIES[family].modules
     suffix = names["layer"].format(i=0) + names.get("qkv", names["query"]) + ".weight"
@@ -208,7 +208,7 @@ def layer_module_names(config, state: Mapping[str, torch.Tensor], kinds: tuple[s
     in every layer, as state-dict prefixes; a kind the family does not name is skipped."""
     family = family_of(config)
     names = FAMILIES[family].modules
-    prefix = _find_prefix(state, family)
+    prefix = find_prefix(state, family)
     return [prefix + names["layer"].format(i=i) + names[kind]
             for i in range(config.num_hidden_layers) for kind in kinds if kind in names]
 
@@ -300,7 +300,7 @@ def layout_of(config, state: Mapping[str, torch.Tensor]) -> ModelLayout:
     family = family_of(config)
     spec = FAMILIES[family]
     names = spec.modules
-    prefix = _find_prefix(state, family)
+    prefix = find_prefix(state, family)
     num_layers = config.num_hidden_layers
     stored = _conv1d_views(state, names, prefix, num_layers) if spec.conv1d else ()
     state = canonical_view(state, stored)

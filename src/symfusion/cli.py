@@ -95,11 +95,15 @@ def match_command(cfg: DictConfig) -> None:
     name, matching = cfg.matching.name, _matching(cfg)
     if matching_config(name) != matching:
         print(f"note: matching={name} overridden to {matching}", file=sys.stderr)
+    if matching.needs_data and not cfg.get("data_task"):
+        raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
+                             "the models solve)")
     report = run_match(
         source=cfg.source, anchor=cfg.anchor, output=cfg.output, matching=matching, matching_name=name,
         layers=_container(cfg.layers), last_layers=cfg.last_layers, seed=cfg.seed,
         probe_batch=cfg.probe.batch_size, probe_len=cfg.probe.seq_len,
         max_relative_output_change=cfg.max_relative_output_change, resolved_config=_resolved(cfg),
+        data_task=_task(cfg, cfg.data_task) if matching.needs_data else None, data_batches=cfg.data_batches,
     )
     print(
         f"matched {report['source']} onto {report['anchor']} ({name}): distance "
@@ -255,6 +259,9 @@ MATCHING_CHECKS = {
     "matching.attention": choice("none", "rotation", "permutation"), "matching.rescale": flag(),
     "matching.ffn": choice("none", "permutation", "ot"), "matching.joint": flag(optional=True),
     "matching.multi": choice("anchor", "barycenter", optional=True), "matching.heads": flag(optional=True),
+    "matching.residual": choice("none", "permutation", "orthogonal", "auto", optional=True),
+    "matching.residual_solve": choice("weights", "activations", optional=True),
+    "matching.refine": choice("none", "loss", optional=True), "matching.refine_steps": integer(1, optional=True),
 }
 CHECKS = {
     "data": {"output": PATH, **TASK_CHECKS},
@@ -262,7 +269,8 @@ CHECKS = {
               **TASK_CHECKS},
     "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
               "last_layers": integer(0, optional=True), "seed": integer(0), "probe.batch_size": integer(1),
-              "probe.seq_len": integer(1), "max_relative_output_change": number(0, strict_low=True), **MATCHING_CHECKS},
+              "probe.seq_len": integer(1), "max_relative_output_change": number(0, strict_low=True),
+              "data_task": text(optional=True), "data_batches": integer(1), **MATCHING_CHECKS},
     "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
               "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
               "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),

@@ -39,6 +39,15 @@ class FamilySpec:
     match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
     padding_free:     the layer maps read token states only, so a padded batch may run them on its real
                       tokens alone (packing.py); False where a layer map also reads other inputs
+    norm:             the normalisation of the residual stream: "layernorm" (mean-centred) or "rmsnorm"
+    prenorm:          pre-norm families: each norm module in "layer" -> the layer maps (kinds of `modules`) that
+                      read its output, in block order; {} for post-LN families (the norm output is the stream).
+                      A listed norm a checkpoint lacks (StableLM's use_parallel_residual) hands its readers to
+                      the layer's first norm. stream.py folds each norm's gain into its readers.
+    final_norm:       pre-norm families: the norm after the last layer (a module name under the body prefix)
+                      and the head maps that read it (keys outside the body, when present)
+    nonlinear_heads:  head modules whose output passes an elementwise nonlinearity (a pooler's tanh): their
+                      output axis may be permuted with the stream, never rotated
     """
 
     name: str
@@ -54,6 +63,10 @@ class FamilySpec:
     conv1d: bool = False
     match_heads: bool = False
     padding_free: bool = True
+    norm: str = "layernorm"
+    prenorm: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    final_norm: tuple[str, tuple[str, ...]] | None = None
+    nonlinear_heads: tuple[str, ...] = ("pooler.dense", "classifier.dense")
 
     def residual_axes_of(self, key: str) -> tuple[int, ...]:
         """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
@@ -129,8 +142,12 @@ _DECODER_RESIDUAL = {
     "norm.bias": (0,),
     "lm_head.weight": (1,),                   # (vocab, hidden)
     "score.weight": (1,),                     # sequence-classification head
+    "q_norm.weight": (), "k_norm.weight": (),  # Qwen3's per-head q/k norms (head_dim): not in the stream
+    "q_layernorm.weight": (), "k_layernorm.weight": (),
 }
 _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
+_DECODER_PRENORM = {"input_layernorm": ("query", "key", "value"), "post_attention_layernorm": ("ffn_gate", "ffn_in")}
+_DECODER_FINAL = ("norm", ("lm_head.weight", "score.weight"))
 
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec(name="bert", modules=_ENCODER_MODULES, residual_axes=_TEXT_RESIDUAL, base_prefix="bert",
@@ -166,6 +183,8 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     ),
     FamilySpec(
         name="vit", base_prefix="vit", inputs="pixels",
+        prenorm={"layernorm_before": ("query", "key", "value"), "layernorm_after": ("ffn_in",)},
+        final_norm=("layernorm", ("classifier.weight",)),
         # pre-LN layers: layernorm_before reads a layer's input, layernorm_after the stream after attention
         stream={"embeddings.cls_token": "class_token", "embeddings.position_embeddings": "positions",
                 "embeddings.patch_embeddings": "patches", "embeddings.mask_token": "patches",
@@ -198,21 +217,26 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     ),
     # Llama, Mistral, SmolLM: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases
     FamilySpec(name="llama", model_types=("llama", "mistral"), modules=_DECODER_MODULES, base_prefix="model",
-               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True),
+               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True,
+               norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen2: as Llama, with q/k/v biases (they move with their maps)
     FamilySpec(name="qwen2", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True),
+               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True,
+               norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen3: per-head RMSNorm on q and k (q_norm, k_norm) after the projections: no Q/K rotation
     FamilySpec(name="qwen3", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
                config_fields=_DECODER_FIELDS, rotary=True, match_heads=True,
-               qk_norm=("self_attn.q_norm", "self_attn.k_norm")),
+               qk_norm=("self_attn.q_norm", "self_attn.k_norm"),
+               norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # StableLM: LayerNorm, partial rotary (partial_rotary_factor), optional q/k/v biases and per-head q/k LayerNorm
     FamilySpec(name="stablelm", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS + ("use_qkv_bias", "qk_layernorm"), rotary=True, match_heads=True,
-               qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm")),
+               config_fields=_DECODER_FIELDS + ("use_qkv_bias", "qk_layernorm", "use_parallel_residual"), rotary=True,
+               match_heads=True, qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm"),
+               prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # GPT-2: learned positions, LayerNorm, Conv1D maps (weight (in, out)) with Q, K, V fused in c_attn, biases
     FamilySpec(
         name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, config_fields=("n_inner",),
+        prenorm={"ln_1": ("query", "key", "value"), "ln_2": ("ffn_in",)}, final_norm=("ln_f", ("lm_head.weight", "score.weight")),
         modules={
             "layer": "h.{i}.",
             "qkv": "attn.c_attn",            # stored (hidden, 3 * hidden): [Q | K | V] columns

@@ -209,17 +209,22 @@ class BlockCheck:
             positions = torch.arange(seq_len)[None]
             self.position_embeddings = real(self.hidden, positions)
 
-    def output(self, layer_prefix: str, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def output(self, layer_prefix: str, weights: Mapping[str, torch.Tensor], hidden: torch.Tensor | None = None) -> torch.Tensor:
         block = _block_module(self.skeleton, layer_prefix, weights)
         kwargs = {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
         with torch.no_grad():
-            out = block(self.hidden, **kwargs)
+            out = block(self.hidden if hidden is None else hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
-    def deviation(self, layer_prefix: str, source: Mapping, matched: Mapping) -> float:
-        """max |block_matched(h) - block_source(h)| / max |block_source(h)|."""
+    def deviation(self, layer_prefix: str, source: Mapping, matched: Mapping, r: torch.Tensor | None = None) -> float:
+        """max |block_matched(h) - block_source(h)| / max |block_source(h)|; with a residual map r, the matched block
+        reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|."""
         reference = self.output(layer_prefix, source)
-        return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
+        if r is None:
+            return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
+        r = r.to(self.hidden.dtype)
+        moved = self.output(layer_prefix, matched, self.hidden @ r.T)                       # rows h -> (r h)^T
+        return ((moved - reference @ r.T).abs().max() / reference.abs().max()).item()
 
 
 # Files a matched folder holds beside the source's shards (api.py writes the last two): no shard may take their names.
@@ -265,20 +270,11 @@ def match_folders(
     """Match the source folder onto the anchor folder layer by layer, writing the matched folder into `tmp`
     (or `output` directly); returns (transform, report). Memory: a few layers' tensors, never a model."""
     config_obj = matching_config(matching) if isinstance(matching, str) else matching
-    src, anc = ShardedFolder(source), ShardedFolder(anchor)
-    check_compatible(src.config, anc.config)
-    src_meta, anc_meta = src.meta_state(), anc.meta_state()
-    check_writable_layout(src, anc_meta)
-    layout = layout_of(src.config, src_meta)
-    check_same_layout(layout, layout_of(anc.config, anc_meta))
+    src, anc, src_meta, layout = open_pair(source, anchor)
     indices = resolve_layers(layout.num_layers, layers, last_layers)
     target = Path(tmp or output)
-    target.mkdir(parents=True, exist_ok=True)
-    dtypes = {t.dtype for t in src_meta.values() if t.is_floating_point()}
-    tolerance = tolerance_for(dtypes, max_relative_output_change)
-    writers = {shard: ShardWriter(target / shard, {k: src_meta[k] for k in keys},
-                                  src.handle(shard).metadata())
-               for shard, keys in src.shards().items()}
+    tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
+    writers = open_writers(src, src_meta, target)
     shard_of = src.weight_map
     checker = BlockCheck(src.config)
     transform, seconds, deviations = Transform(), {}, {}
@@ -316,14 +312,7 @@ def match_folders(
                 part = (tensor.double() - anc.read([key])[key].double()).pow(2).sum().item()
                 for side in squared.values():
                     side["other"] = side.get("other", 0.0) + part
-    for writer in writers.values():
-        writer.close()
-    if src.index_metadata is not None:
-        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.weight_map}, indent=2) + "\n")
-    for name in ("config.json", "generation_config.json"):
-        if model_file(src.path, name, must_exist=False).is_file():
-            shutil.copyfile(src.path / name, target / name)
-    copy_auxiliary_files(src.path, target)
+    finish_folder(src, writers, target)
     report = {
         "family": layout.family, "layers": indices, "shards": sorted(writers),
         "distance_before": math.sqrt(sum(squared["before"].values())),
@@ -334,6 +323,43 @@ def match_folders(
         "max_block_relative_output_change": max(deviations.values(), default=0.0),
         "tolerance": tolerance, "seconds_by_stage": seconds,
     }
+    check_whole_model(src, src_meta, target, output, tolerance, whole_model_check, report)
+    return transform, report
+
+
+def open_pair(source: str | Path, anchor: str | Path) -> tuple[ShardedFolder, ShardedFolder, dict, ModelLayout]:
+    """(source folder, anchor folder, the source's meta state, its layout): one architecture, writable alike."""
+    src, anc = ShardedFolder(source), ShardedFolder(anchor)
+    check_compatible(src.config, anc.config)
+    src_meta, anc_meta = src.meta_state(), anc.meta_state()
+    check_writable_layout(src, anc_meta)
+    layout = layout_of(src.config, src_meta)
+    check_same_layout(layout, layout_of(anc.config, anc_meta))
+    return src, anc, src_meta, layout
+
+
+def open_writers(src: ShardedFolder, src_meta: Mapping[str, torch.Tensor], target: Path) -> dict[str, ShardWriter]:
+    """One ShardWriter per source shard in `target` (made if needed), with the source's keys, shapes and dtypes."""
+    target.mkdir(parents=True, exist_ok=True)
+    return {shard: ShardWriter(target / shard, {k: src_meta[k] for k in keys}, src.handle(shard).metadata())
+            for shard, keys in src.shards().items()}
+
+
+def finish_folder(src: ShardedFolder, writers: Mapping[str, ShardWriter], target: Path) -> None:
+    """Close the shards; write the source's index, configs and tokenizer files beside them."""
+    for writer in writers.values():
+        writer.close()
+    if src.index_metadata is not None:
+        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.weight_map}, indent=2) + "\n")
+    for name in ("config.json", "generation_config.json"):
+        if model_file(src.path, name, must_exist=False).is_file():
+            shutil.copyfile(src.path / name, target / name)
+    copy_auxiliary_files(src.path, target)
+
+
+def check_whole_model(src: ShardedFolder, src_meta: Mapping, target: Path, output, tolerance: float,
+                      whole_model_check: bool | None, report: dict) -> None:
+    """The whole model's logits check of a written folder (by default when both fit in memory), into `report`."""
     if whole_model_check is None:
         whole_model_check = sum(math.prod(t.shape) * 4 for t in src_meta.values()) <= WHOLE_MODEL_CHECK_BYTES
     if whole_model_check:
@@ -343,7 +369,6 @@ def match_folders(
                 f"the matched model changes the source's logits by {report['relative_output_change']:.3g} relative "
                 f"(> {tolerance:.3g}); not writing {output}. Report this as a bug"
             )
-    return transform, report
 
 
 def _accumulate(squared: dict, state: Mapping, anchor: Mapping, layout: ModelLayout) -> None:

@@ -17,9 +17,14 @@ frequency plane (i, i + rotary_dim/2) on the rotary dims (random_qk_rotation), s
 those commute with every position's rotation; the remaining dims take any orthogonal matrix.
 A head permutation (head_perm, new query head h = old query head head_perm[h]) must move
 whole KV groups: it is applied first, and the rotations then act on the permuted heads.
+
+Beyond the blocks, a ResidualMap moves the residual stream shared by all layers (stream.py): fold the
+listed pre-norms, h -> r h on every residual axis, unfold with the gains it carries. It acts on the
+hidden axis of every map, the block transforms on the head and neuron axes, so the two commute.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -29,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from symfusion.arch import AttentionLayout, FFNLayout, ModelLayout, Projection
 from symfusion.errors import SymfusionError
+from symfusion.stream import StreamLayout, centred_map, move_stream, stream_layout
 
 
 @dataclass
@@ -50,12 +56,24 @@ PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm", "head_perm")
 
 
 @dataclass
+class ResidualMap:
+    """A map of the residual stream: h -> r h (r orthogonal, or a signed permutation), with the pre-norms in
+    `gains` folded before and unfolded to those gains after (stream.move_stream)."""
+
+    r: torch.Tensor                                                   # (hidden, hidden)
+    gains: dict[str, torch.Tensor] = field(default_factory=dict)      # folded norm's gain key -> its new gain
+
+
+@dataclass
 class Transform:
-    """A whole-model symmetry element: one LayerTransform per transformed layer index."""
+    """A whole-model symmetry element: one LayerTransform per transformed layer index, and optionally a map of
+    the residual stream."""
 
     layers: dict[int, LayerTransform] = field(default_factory=dict)
+    residual: ResidualMap | None = None
 
     def restrict(self, indices) -> "Transform":
+        """The block transforms of the given layers (a residual map moves every layer: restricting drops it)."""
         keep = set(int(i) for i in indices)
         return Transform({i: t for i, t in self.layers.items() if i in keep})
 
@@ -66,16 +84,23 @@ class Transform:
                 value = getattr(layer, name)
                 if value is not None:
                     tensors[f"layer.{i}.{name}"] = value.contiguous()
+        if self.residual is not None:
+            tensors["residual.r"] = self.residual.r.contiguous()
+            tensors.update({f"residual.gain.{key}": g.contiguous() for key, g in self.residual.gains.items()})
         save_file(tensors, str(path), metadata={"format": "symfusion-transform-v1"})
 
     @staticmethod
     def load(path: str | Path) -> "Transform":
         tensors = load_file(str(path))
         layers: dict[int, LayerTransform] = {}
+        residual = ResidualMap(tensors.pop("residual.r")) if "residual.r" in tensors else None
         for key, value in tensors.items():
+            if key.startswith("residual.gain."):
+                residual.gains[key[len("residual.gain."):]] = value
+                continue
             _, index, name = key.split(".")
             setattr(layers.setdefault(int(index), LayerTransform()), name, value)
-        return Transform(layers)
+        return Transform(layers, residual)
 
 
 # ---------------------------------------------------------------- per-head primitives
@@ -196,14 +221,37 @@ def apply_transform(
 ) -> dict[str, torch.Tensor]:
     """A new state dict with the transform applied; untouched tensors are shared, not copied."""
     out = dict(layout.canonical(state))
-    for i, t in transform.layers.items():
+    if transform.residual is not None:
+        out = move_residual(out, state, layout, transform.residual)
+    out = apply_blocks(out, layout, transform.layers)
+    return layout.stored_form(out) if layout.stored else out
+
+
+def apply_blocks(canonical: Mapping[str, torch.Tensor], layout: ModelLayout,
+                 layers: Mapping[int, LayerTransform]) -> dict[str, torch.Tensor]:
+    """A canonical state (layout.canonical) with each layer's block transform applied; stays canonical."""
+    out = dict(canonical)
+    for i, t in layers.items():
         if not 0 <= i < layout.num_layers:
             raise SymfusionError(f"transform names layer {i}, but the model has {layout.num_layers} layers")
         layer = layout.layers[i]
         _apply_attention(out, layer.attention, t)
         if t.ffn_perm is not None:
             _apply_ffn(out, layer.ffn, t.ffn_perm)
-    return layout.stored_form(out) if layout.stored else out
+    return out
+
+
+def move_residual(canonical: dict, state: Mapping[str, torch.Tensor], layout: ModelLayout,
+                  residual: ResidualMap) -> dict[str, torch.Tensor]:
+    """The residual map applied to a whole model's canonical state (`state`: the same model as stored)."""
+    stream = stream_layout(layout, state)
+    if residual.r.shape != (stream.hidden, stream.hidden):
+        raise SymfusionError(f"the residual map is {tuple(residual.r.shape)}, the model's stream has {stream.hidden} dims")
+    folds = tuple(f for f in stream.folds if f.gain in residual.gains)
+    if len(folds) != len(residual.gains):
+        unknown = sorted(set(residual.gains) - {f.gain for f in folds})
+        raise SymfusionError(f"the residual map folds {unknown[0]!r}, which is no pre-norm of this model")
+    return move_stream(canonical, dataclasses.replace(stream, folds=folds), residual.r, residual.gains)
 
 
 # ---------------------------------------------------------------- random group elements
@@ -282,3 +330,29 @@ def random_transform(
         if heads:
             layers[i].head_perm = random_head_permutation(kv, group, gen)
     return Transform(layers)
+
+
+def random_residual(stream: StreamLayout, kind: str, seed: int = 0,
+                    gain_range: tuple[float, float] = (0.5, 2.0)) -> ResidualMap:
+    """A random map of the stream: `permutation` (signed for RMSNorm) or `orthogonal` (fixing the all-ones
+    direction up to sign for LayerNorm), with random new gains for every foldable norm (random signs too)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = stream.hidden
+    if kind == "permutation":
+        r = torch.zeros(d, d, dtype=torch.float64)
+        r[torch.arange(d), torch.randperm(d, generator=gen)] = 1.0
+        if stream.norm == "rmsnorm":
+            r = r * torch.where(torch.rand(d, 1, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+    elif kind == "orthogonal":
+        if stream.norm == "layernorm":
+            r = centred_map(random_orthogonal(1, d - 1, gen)[0], -1.0 if torch.rand(1, generator=gen) < 0.5 else 1.0)
+        else:
+            r = random_orthogonal(1, d, gen)[0]
+    else:
+        raise SymfusionError(f"unknown residual map kind {kind!r}; choose permutation or orthogonal")
+    lo, hi = gain_range
+    gains = {}
+    for fold in stream.folds:
+        magnitude = lo + (hi - lo) * torch.rand(d, generator=gen, dtype=torch.float64)
+        gains[fold.gain] = magnitude * torch.where(torch.rand(d, generator=gen, dtype=torch.float64) < 0.2, -1.0, 1.0)
+    return ResidualMap(r, gains)

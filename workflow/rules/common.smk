@@ -89,8 +89,13 @@ check_conf_names(
 # ---------------------------------------------------------------- end models of the tracks
 
 
+def task_of(track, group, name):
+    """The task an end model solves: vision's group is its image task, a language model's name its dataset."""
+    return group if track == "vision" else name
+
+
 def end_model_task(wildcards):
-    return wildcards.group if wildcards.track == "vision" else wildcards.name
+    return task_of(wildcards.track, wildcards.group, wildcards.name)
 
 
 def end_model_model(wildcards):
@@ -103,6 +108,25 @@ def end_model_seed(wildcards):
 
 def end_model_threads(wildcards):
     return (VISION if wildcards.track == "vision" else LANG)["train_threads"]
+
+
+def matching_conf(name):
+    """conf/matching/<name>.yaml with its `defaults` bases merged in (as symfusion's config.load_group reads it)."""
+    with open(f"conf/matching/{name}.yaml") as handle:
+        conf = yaml.safe_load(handle) or {}
+    merged = {}
+    for base in [d for d in conf.pop("defaults", []) if d != "_self_"]:
+        merged.update(matching_conf(base))
+    return {**merged, **conf}
+
+
+def match_data_task(wildcards):
+    """A matching that reads the models' activations or loss (MatchConfig.needs_data: residual_solve: activations,
+    or refine: loss; tests/test_workflow.py ties the two) reads the source end model's own task; others none."""
+    conf = matching_conf(wildcards.matching)
+    if conf.get("residual_solve") == "activations" or conf.get("refine") == "loss":
+        return task_of(wildcards.track, wildcards.group, wildcards.source)
+    return "null"
 
 
 def end_model_eval_tasks(wildcards):

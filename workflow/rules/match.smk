@@ -11,6 +11,8 @@ rule match:
         source=quoted_input("source"),
         anchor=quoted_input("anchor"),
         output=quoted_output,
+        data_task=match_data_task,             # full_symmetry_learned reads the source's task; others null
+        profile=PROFILE,
     log:
         f"{LOGS}/{{track}}/{{group}}/match/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
@@ -21,4 +23,4 @@ rule match:
     shell:
         "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-match "
         "source={params.source:q} anchor={params.anchor:q} output={params.output:q} "
-        "matching={wildcards.matching:q} > {log:q} 2>&1"
+        "matching={wildcards.matching:q} data_task={params.data_task:q} profile={params.profile:q} > {log:q} 2>&1"

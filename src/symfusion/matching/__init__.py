@@ -1,10 +1,6 @@
-"""Parameter matching: rotation (Procrustes), rescaling (quartic), permutation (Hungarian), baselines."""
-from symfusion.matching.compose import (
-    MatchConfig,
-    MatchResult,
-    match_many,
-    match_models,
-    matching_config,
-)
+"""Parameter matching: rotation (Procrustes), rescaling (quartic), permutation (Hungarian), heads, the residual stream, baselines."""
+from symfusion.matching.compose import MatchConfig, MatchResult, matching_config
+from symfusion.matching.models import match_many, match_models
+from symfusion.matching.whole import MatchData
 
-__all__ = ["MatchConfig", "MatchResult", "match_many", "match_models", "matching_config"]
+__all__ = ["MatchConfig", "MatchData", "MatchResult", "match_many", "match_models", "matching_config"]

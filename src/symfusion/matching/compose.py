@@ -1,13 +1,16 @@
-"""match_models(): compose rotation, rescaling and permutation matching into one Transform.
+"""Block matching: compose rotation, rescaling and permutation matching of every layer into one Transform.
 
-The anchor stays fixed and the source is moved onto it. Embeddings, LayerNorms, the
-residual stream and task heads are never transformed (the symmetries act inside a block).
+The anchor stays fixed and the source is moved onto it. Here embeddings, LayerNorms, the
+residual stream and task heads are never transformed (the symmetries act inside a block);
+matching/whole.py adds the residual stream (MatchConfig.residual) by coordinate descent over
+these block solves, and matching/models.py's match_models() is the one entry point.
 Decoder layouts (arch.py) first permute whole heads (matching/heads.py), then solve per KV
 head in the layout's Q/K group: RoPE planes under rotary embeddings; rotation is refused when
 per-head q/k norms make it inexact.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from symfusion.arch import ModelLayout, check_same_layout, resolve_layers
+from symfusion.arch import ModelLayout, resolve_layers
 from symfusion.config import load_group
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
@@ -36,6 +39,9 @@ from symfusion.symmetry import LayerTransform, Transform, permute_heads
 
 ATTENTION_CHOICES = ("none", "rotation", "permutation")
 FFN_CHOICES = ("none", "permutation", "ot")
+RESIDUAL_CHOICES = ("none", "permutation", "orthogonal", "auto")
+RESIDUAL_SOLVES = ("weights", "activations")
+REFINE_CHOICES = ("none", "loss")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,11 @@ class MatchConfig:
     rotation first and rescaling after (the paper's order).
     heads: also permute whole heads (KV groups, query heads within a group) before the
     within-head solves; None = the family's default (on for decoders, off for the paper's encoders).
+    residual: also map the residual stream shared by all layers (matching/whole.py): permutation (signed
+    for RMSNorm), orthogonal (pre-norm families, norms folded) or auto (orthogonal where exact).
+    residual_solve: its first estimate from the weights no block touches, or from the two models'
+    activations (needs data). refine: `loss` then lowers the loss of the two models' midpoint over the
+    continuous part of the symmetry (matching/learned.py, needs data) for refine_steps steps.
     """
 
     attention: str = "rotation"
@@ -53,6 +64,10 @@ class MatchConfig:
     ffn: str = "permutation"
     joint: bool = False
     heads: bool | None = None
+    residual: str = "none"
+    residual_solve: str = "weights"
+    refine: str = "none"
+    refine_steps: int = 200
 
     def __post_init__(self):
         if self.attention not in ATTENTION_CHOICES:
@@ -65,6 +80,26 @@ class MatchConfig:
             raise SymfusionError("matching.joint=true needs matching.attention=rotation and matching.rescale=true")
         if self.heads and self.attention == "none":
             raise SymfusionError("matching.heads=true needs matching.attention=rotation or permutation")
+        if self.residual not in RESIDUAL_CHOICES:
+            raise SymfusionError(f"matching.residual={self.residual!r}; choose one of {RESIDUAL_CHOICES}")
+        if self.residual_solve not in RESIDUAL_SOLVES:
+            raise SymfusionError(f"matching.residual_solve={self.residual_solve!r}; choose one of {RESIDUAL_SOLVES}")
+        if self.refine not in REFINE_CHOICES:
+            raise SymfusionError(f"matching.refine={self.refine!r}; choose one of {REFINE_CHOICES}")
+        if (self.residual_solve != "weights" or self.refine != "none") and self.residual == "none":
+            raise SymfusionError("matching.residual_solve and matching.refine act on the residual map: set "
+                                 "matching.residual=permutation, orthogonal or auto")
+        if self.refine_steps < 1:
+            raise SymfusionError(f"matching.refine_steps={self.refine_steps} must be >= 1")
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether the matching reads the models' activations or loss (residual_solve=activations, refine=loss)."""
+        return self.residual_solve == "activations" or self.refine == "loss"
+
+    def blocks(self) -> "MatchConfig":
+        """The same matching without the residual stream (the block solves of the coordinate descent)."""
+        return dataclasses.replace(self, residual="none", residual_solve="weights", refine="none")
 
     def permutes_heads(self, layout: ModelLayout) -> bool:
         """Whether whole heads are matched for this layout (config.heads, else the family's default)."""
@@ -79,7 +114,9 @@ class MatchConfig:
         heads = matching.get("heads")
         return cls(attention=str(matching.get("attention", "rotation")), rescale=bool(matching.get("rescale", True)),
                    ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)),
-                   heads=None if heads is None else bool(heads))
+                   heads=None if heads is None else bool(heads), residual=str(matching.get("residual", "none")),
+                   residual_solve=str(matching.get("residual_solve", "weights")),
+                   refine=str(matching.get("refine", "none")), refine_steps=int(matching.get("refine_steps", 200)))
 
 
 def matching_config(name: str) -> MatchConfig:
@@ -90,8 +127,9 @@ def matching_config(name: str) -> MatchConfig:
 @dataclass
 class MatchResult:
     transform: Transform
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage: qk, vo, rescale, joint, ffn
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage: qk, vo, rescale, joint, ffn, residual, refine
     joint: dict[int, dict] = field(default_factory=dict)      # per layer (joint=True): match_attention_joint's info
+    residual: dict = field(default_factory=dict)              # matching.residual: the group, the descent, the refinement
 
 
 def match_attention_rotation(source, anchor, att, heads, rescale, clock) -> LayerTransform:
@@ -229,21 +267,21 @@ def match_layer(
 
 
 @torch.no_grad()
-def match_models(
+def match_blocks(
     source: Mapping[str, torch.Tensor],
     anchor: Mapping[str, torch.Tensor],
     layout: ModelLayout,
-    config: MatchConfig | str = "rotation",
+    config: MatchConfig,
     layers=None,
     last_layers: int | None = None,
-    anchor_layout: ModelLayout | None = None,
+    clock: "StageClock | None" = None,
+    canonical: bool = False,
 ) -> MatchResult:
-    """Find the transform moving `source` onto `anchor` (both state dicts of one layout)."""
-    config = matching_config(config) if isinstance(config, str) else config
-    if anchor_layout is not None:
-        check_same_layout(layout, anchor_layout)
-    source, anchor = layout.canonical(source), layout.canonical(anchor)   # GPT-2: (out, in) views of Conv1D maps
-    clock = StageClock()
+    """Find the block transform moving `source` onto `anchor` (both state dicts of one layout, as stored, or
+    both canonical); the residual stream stays (config.residual is not read here)."""
+    if not canonical:
+        source, anchor = layout.canonical(source), layout.canonical(anchor)   # GPT-2: (out, in) views of Conv1D maps
+    clock = clock or StageClock()
     transform, joint = Transform(), {}
     indices = resolve_layers(layout.num_layers, layers, last_layers)
     # Every layer's attention first, then every FFN: the FFN products run in numpy's BLAS, whose
@@ -254,8 +292,3 @@ def match_models(
         if not found[i].is_identity():
             transform.layers[i] = found[i]
     return MatchResult(transform=transform, seconds=dict(clock.seconds), joint=joint)
-
-
-def match_many(sources: list, anchor: Mapping, layout: ModelLayout, config="rotation", **kwargs) -> list[MatchResult]:
-    """k > 2 models: match every source onto the one anchor independently."""
-    return [match_models(s, anchor, layout, config, **kwargs) for s in sources]

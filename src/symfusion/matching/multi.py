@@ -25,7 +25,8 @@ import torch
 
 from symfusion.arch import ModelLayout, resolve_layers
 from symfusion.errors import SymfusionError
-from symfusion.matching.compose import MatchConfig, StageClock, match_layer, match_many, matching_config
+from symfusion.matching.compose import MatchConfig, StageClock, match_layer, matching_config
+from symfusion.matching.models import match_many
 from symfusion.measures import distance, float64_blocks
 from symfusion.symmetry import LayerTransform, Transform, apply_transform
 

@@ -3,7 +3,8 @@
 The columns follow the registry entry: one accuracy column per matching its inputs declare (named by the
 paper's column where `paper_columns` gives one: none, no_rescale, full), the headline effect (`effect`: of
 full matching vs none) judged against the paper's direction, and for every other declared matching its own
-effect vs the same baseline with its interval.
+effect vs the same baseline with its interval, and (a matching beyond the paper's columns) its effect vs
+the paper's full matching too.
 """
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def table2_rows(eval_paths: list[str], experiment: Experiment) -> list[dict]:
             extra = accuracy_effect(ours[(method, matching)], baseline)
             row.update(effect_columns(extra, f"effect_{matching}"))
             row[f"ours_effect_{matching}"] = extra["verdict"]
+            if matching != of:                                 # beyond the paper: also vs the paper's matching
+                beyond = accuracy_effect(ours[(method, matching)], ours[(method, of)])
+                row.update(effect_columns(beyond, f"effect_{matching}_vs_{of}"))
+                row[f"ours_effect_{matching}_vs_{of}"] = beyond["verdict"]
         for column in experiment.paper_columns.values():
             row[f"paper_{column}"] = paper.get((method, column))
         p0, p1 = row.get(f"paper_{named[vs]}"), row.get(f"paper_{named[of]}")
@@ -76,6 +81,11 @@ def build(eval_paths: list[str], experiment: Experiment) -> Built:
              f"interval of a paired bootstrap over the test images ({RESAMPLES} resamples, seeded); it helps or "
              "hurts only when the interval excludes 0. The paper reports single runs: its direction is the sign of "
              "its difference. `effect_agrees` = not detectable when our interval spans 0.\n")
+    beyond = [m for m in named if m not in experiment.paper_columns and m != experiment.effect["vs"]]
+    if beyond:
+        text += ("\nBeyond the paper: " + ", ".join(f"`{m}` ({experiment.label(m)})" for m in beyond) +
+                 f": each one's effect vs {vs} (`effect_<matching>`) and vs the paper's {of} matching "
+                 f"(`effect_<matching>_vs_{experiment.effect['of']}`), with the same intervals.\n")
     ends = end_model_rows(eval_paths)
     if ends:
         text += "\nEnd models (test accuracy %, loss):\n\n" + markdown_table(ends)

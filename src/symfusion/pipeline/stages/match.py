@@ -1,13 +1,14 @@
 """The match stage: load source and anchor folders, match, verify the function, write atomically."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict
 
 import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
-from symfusion.matching import MatchConfig, match_models
+from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.measures import distance
 from symfusion.modelio import copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
@@ -35,8 +36,10 @@ def run_match(
     source: str, anchor: str, output: str, matching: MatchConfig, matching_name: str,
     layers=None, last_layers=None, seed: int = 0, probe_batch: int = 4, probe_len: int = 32,
     max_relative_output_change: float = 1e-3, resolved_config: dict | None = None,
+    data_task=None, data_batches: int = 16,
 ) -> dict:
-    """Match `source` onto `anchor` and write `output` (model + match.json + transform); returns the JSON."""
+    """Match `source` onto `anchor` and write `output` (model + match.json + transform); returns the JSON.
+    data_task: the task whose statistic batches a data-driven matching reads (matching.needs_data)."""
     source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
     with safe_output(output, "symfusion-match", MATCH_MARKER, inputs=[source_dir, anchor_dir], is_dir=True) as claim:
         model, anchor_model = load_models([str(source_dir), str(anchor_dir)], same_shapes=False)
@@ -46,8 +49,13 @@ def run_match(
         check_same_body(model, anchor_model, source_dir, anchor_dir)
         matched_layers = resolve_layers(layout.num_layers, layers, last_layers)
 
+        data = None
+        if data_task is not None:
+            data_task.check_model(model, str(source_dir))
+            data = MatchData(copy.deepcopy(model), data_task.statistic_batches(data_batches, source_dir))
         start = time.perf_counter()
-        result = match_models(source_state, anchor_state, layout, matching, layers=matched_layers)
+        result = match_models(source_state, anchor_state, layout, matching, layers=layers, last_layers=last_layers,
+                              data=data)
         matched_state = apply_transform(source_state, layout, result.transform)
         seconds = time.perf_counter() - start
         check_finite(matched_state, "matched model")
@@ -69,7 +77,8 @@ def run_match(
             "distance_before": before_dist["total"], "distance_after": after_dist["total"],
             "distance_before_by_module": before_dist, "distance_after_by_module": after_dist,
             "max_output_change": change, "relative_output_change": relative,
-            "scales": _scale_summary(result.transform),
+            "scales": _scale_summary(result.transform), "residual": result.residual,
+            "data": None if data is None else {"task": data_task.name, "batches": len(data.batches)},
             "seconds": seconds, "seconds_by_stage": result.seconds,
             "provenance": provenance(resolved_config, seed),
         }

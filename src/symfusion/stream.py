@@ -1,0 +1,270 @@
+"""The residual stream of a model: which tensors read, write or live in it, and moving it by an orthogonal map.
+
+Every tensor of a transformer that touches the residual stream h (hidden, d) has residual axes: the input
+columns of the maps that read it (Q, K, V, FFN in/gate, DeBERTa's positional projections, pooler,
+classifier, lm_head), the output rows and biases of the maps that write it (attention output, FFN output),
+the last axis of every embedding table (word, position, token type, CLS token, patch projection's output
+channels and bias) and every norm's gain and bias. A map R (d x d) moves the stream to h' = R h by
+contracting every residual axis with R (new[i] = sum_j R[i, j] old[j]): readers W -> W R^T, writers
+W -> R W, tables E -> E R^T, vectors v -> R v.
+
+That is a symmetry when every norm commutes with R:
+- a permutation P commutes with any norm once its gain and bias are permuted too (post-LN BERT included);
+  a signed permutation D P also with RMSNorm (|R| moves the gain, R the bias);
+- a general orthogonal R commutes with RMSNorm, and with LayerNorm when R 1 = +-1 (its mean-centring),
+  only once each norm's gain is 1 (an elementwise gain does not commute with a rotation). Pre-norm families
+  fold the gain g of each norm into the maps that read it (SliceGPT's computational invariance): W -> W
+  diag(g), bias -> bias / g, g -> 1. Post-LN families (the norm output is the stream itself) cannot.
+Folding, then unfolding with other gains t (W -> W diag(1/t), bias -> bias * t, gain -> t), is itself a
+symmetry of a pre-norm model: matched models are unfolded with the anchor's gains, so the source's norms
+end equal to the anchor's and the folded model is what a merge averages. A final norm read by a tied
+lm_head does not fold (lm_head is the embedding table): there only (signed) permutations apply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from symfusion.arch import ModelLayout, find_prefix
+from symfusion.errors import SymfusionError
+from symfusion.families import FAMILIES
+
+
+@dataclass(frozen=True)
+class NormFold:
+    """One pre-norm: its gain and bias keys and the weight keys of the maps that read its output."""
+
+    gain: str
+    bias: str | None
+    readers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Where the residual stream lives in one model's (canonical) state dict."""
+
+    hidden: int
+    axes: tuple[tuple[str, tuple[int, ...]], ...]   # canonical key -> its residual axes
+    norm: str                                       # layernorm | rmsnorm
+    folds: tuple[NormFold, ...]                     # the pre-norms that fold (none for post-LN families)
+    gains: tuple[str, ...]                          # every norm gain key (folded or not)
+    nonlinear: tuple[str, ...]                      # head keys whose output axis passes a nonlinearity
+    tied_final: bool                                # a final norm read by a tied lm_head (not folded)
+    read_out: bool                                  # a head reads the stream (a bare model outputs the stream)
+    tied_copy: str | None = None                    # a tied lm_head listed beside its embeddings: moved, counted once
+
+    @property
+    def folded(self) -> frozenset[str]:
+        return frozenset(f.gain for f in self.folds)
+
+    def problem(self, family: str) -> str | None:
+        """Why no map of the stream at all keeps this model's outputs (None when permutations do)."""
+        if not self.read_out:
+            return (f"this {family} model has no head: its output is the residual stream itself, which a map of the "
+                    "stream moves; match the model with its head (e.g. ...ForSequenceClassification, ...ForCausalLM)")
+        return None
+
+    def orthogonal_problem(self, family: str) -> str | None:
+        """Why no general orthogonal map of the stream is a symmetry of this model (None when one is)."""
+        if self.problem(family):
+            return self.problem(family)
+        if not self.folds:
+            return (f"a {family} model normalises the residual stream after each block (post-LN): only permutations "
+                    "of the stream keep its function; use matching.residual=permutation")
+        if self.tied_final:
+            return ("its lm_head is tied to the input embeddings, so the final norm's gain cannot be folded: only "
+                    "(signed) permutations of the stream keep the function with the tie; use matching.residual=permutation")
+        if self.nonlinear:
+            return (f"{self.nonlinear[0]} passes the stream through an elementwise nonlinearity: only permutations "
+                    "keep its function; use matching.residual=permutation")
+        return None
+
+
+def stream_layout(layout: ModelLayout, state: Mapping[str, torch.Tensor], tied: bool | None = None) -> StreamLayout:
+    """The stream layout of a model from its layout and state (shape-only meta tensors do); `tied`: whether an
+    lm_head is tied to the input embeddings (config.tie_word_embeddings; None: read from the state, see
+    tied_head). Raises naming a tensor whose place in the stream its family does not know."""
+    spec = FAMILIES[layout.family]
+    prefix = find_prefix(state, layout.family)        # on the stored keys (GPT-2's fused c_attn)
+    lm_head = bool(spec.final_norm) and "lm_head.weight" in spec.final_norm[1]
+    tied = lm_head and (tied_head(state, prefix, spec) if tied is None else tied)
+    state = layout.canonical(state)
+    axes: dict[str, tuple[int, ...]] = {}
+    head_side: set[str] = set()                    # layer-map biases on the head or neuron side: no residual axis
+    for layer in layout.layers:
+        att, ffn = layer.attention, layer.ffn
+        readers = att.query_like + att.key_like + (att.value, ffn.input) + ((ffn.gate,) if ffn.gate else ())
+        for proj in readers:
+            axes[proj.weight] = (1,)               # (out, hidden): input columns
+            head_side.update([proj.bias] if proj.bias else [])
+        for proj in (att.output, ffn.output):
+            axes[proj.weight] = (0,)               # (hidden, in): output rows
+            if proj.bias:
+                axes[proj.bias] = (0,)
+    layer_maps = set(axes) | head_side
+    for key, tensor in state.items():
+        if key in layer_maps or not tensor.is_floating_point():
+            continue
+        found = spec.residual_axes_of(key)
+        if found:
+            axes[key] = found
+    # a norm's gain: a 1-d `.weight` living in the stream (LayerNorm, RMSNorm)
+    gains = tuple(k for k, a in axes.items() if k.endswith(".weight") and state[k].dim() == 1 and a == (0,))
+    folds = _folds(layout, state, spec, prefix, tied)
+    nonlinear = tuple(k for k in axes if len(axes[k]) > 1 and any(f".{m}." in "." + k for m in spec.nonlinear_heads))
+    final = spec.final_norm
+    tied_final = bool(final and tied and f"{prefix}{final[0]}.weight" in state)
+    heads = [k for k in axes if prefix and not k.startswith(prefix)]         # a bare model (prefix "") has none
+    return StreamLayout(hidden=layout.hidden_size, axes=tuple(axes.items()), norm=spec.norm, folds=folds,
+                        gains=gains, nonlinear=nonlinear, tied_final=tied_final, read_out=bool(heads) or tied_final,
+                        tied_copy="lm_head.weight" if tied and "lm_head.weight" in state else None)
+
+
+def tied_head(state: Mapping[str, torch.Tensor], prefix: str, spec) -> bool:
+    """Whether a model with a body under `prefix` reads its final norm with an lm_head tied to its embeddings: the
+    state has no head map of the final norm (a tied lm_head is not saved), or an lm_head sharing storage with, or
+    equal to, an embedding table (a copied state dict of a tied model: treated as tied, which is always safe)."""
+    if not prefix or not spec.final_norm:
+        return False
+    heads = [h for h in spec.final_norm[1] if h in state]
+    if not heads:
+        return True
+    head = state.get("lm_head.weight")
+    if head is None or head.device.type == "meta":
+        return False
+    return any(k != "lm_head.weight" and t.shape == head.shape and (t.data_ptr() == head.data_ptr() or torch.equal(t, head))
+               for k, t in state.items())
+
+
+def _folds(layout: ModelLayout, state: Mapping, spec, prefix: str, tied: bool) -> tuple[NormFold, ...]:
+    """The pre-norms of a pre-norm family, each with the weight keys that read it."""
+    if not spec.prenorm:
+        return ()
+    kinds = {}
+    for i, layer in enumerate(layout.layers):
+        att, ffn = layer.attention, layer.ffn
+        kinds[i] = {"query": [p.weight for p in att.query_like], "key": [p.weight for p in att.key_like],
+                    "value": [att.value.weight], "ffn_in": [ffn.input.weight],
+                    "ffn_gate": [ffn.gate.weight] if ffn.gate else []}
+    folds = []
+    for i in range(layout.num_layers):
+        layer_prefix = prefix + spec.modules["layer"].format(i=i)
+        present = [n for n in spec.prenorm if f"{layer_prefix}{n}.weight" in state]
+        if not present:
+            raise SymfusionError(f"layer {i} has none of the norms {', '.join(spec.prenorm)}; the checkpoint does "
+                                 "not match its family")
+        readers: dict[str, list[str]] = {n: [] for n in present}
+        for norm, reads in spec.prenorm.items():     # a missing norm's readers read the layer's first norm
+            owner = norm if norm in readers else present[0]
+            readers[owner] += [key for kind in reads for key in kinds[i][kind]]
+        for norm in present:
+            gain = f"{layer_prefix}{norm}.weight"
+            folds.append(NormFold(gain, _bias_of(gain, state), tuple(readers[norm])))
+    if spec.final_norm:
+        name, heads = spec.final_norm
+        gain = f"{prefix}{name}.weight"
+        readers = tuple(h for h in heads if h in state)
+        if gain in state and readers and not tied:
+            folds.append(NormFold(gain, _bias_of(gain, state), readers))
+    return tuple(folds)
+
+
+def _bias_of(gain: str, state: Mapping) -> str | None:
+    bias = gain[: -len("weight")] + "bias"
+    return bias if bias in state else None
+
+
+# ---------------------------------------------------------------- the action
+
+def fold_norms(state: Mapping[str, torch.Tensor], folds: tuple[NormFold, ...]) -> dict[str, torch.Tensor]:
+    """Each norm's gain g folded into its readers: W -> W diag(g), bias -> bias / g, g -> 1 (a symmetry)."""
+    out = dict(state)
+    for fold in folds:
+        g = out[fold.gain]
+        _check_gain(g, fold.gain)
+        for key in fold.readers:
+            out[key] = out[key] * g.to(out[key].dtype)[None, :]          # (out, hidden) columns
+        if fold.bias:
+            out[fold.bias] = out[fold.bias] / g
+        out[fold.gain] = torch.ones_like(g)
+    return out
+
+
+def unfold_norms(state: Mapping[str, torch.Tensor], folds: tuple[NormFold, ...],
+                 gains: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse fold with the gains t given per norm: W -> W diag(1/t), bias -> bias * t, gain -> t."""
+    out = dict(state)
+    for fold in folds:
+        t = gains[fold.gain].to(out[fold.gain].dtype)
+        _check_gain(t, fold.gain)
+        for key in fold.readers:
+            out[key] = out[key] / t.to(out[key].dtype)[None, :]
+        if fold.bias:
+            out[fold.bias] = out[fold.bias] * t
+        out[fold.gain] = t.clone()
+    return out
+
+
+def _check_gain(gain: torch.Tensor, key: str) -> None:
+    if not torch.all(gain != 0):
+        raise SymfusionError(f"{key} has a zero gain: its coordinates carry nothing, and the norm cannot be folded; "
+                             "use matching.residual=permutation")
+
+
+def rotate_stream(state: Mapping[str, torch.Tensor], stream: StreamLayout, r: torch.Tensor,
+                  skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every residual axis contracted with r (d x d): h -> r h. Norm gains move by |r| (exact when r is a signed
+    permutation; folded gains, all ones, stay). Keys in `skip` stay."""
+    out = dict(state)
+    folded = stream.folded
+    for key, axes in stream.axes:
+        if key in skip or key not in out:
+            continue
+        if key in stream.gains:
+            if key not in folded:
+                out[key] = contract(out[key], r.abs(), axes)
+            continue
+        out[key] = contract(out[key], r, axes)
+    return out
+
+
+def contract(tensor: torch.Tensor, r: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    """new[.., i, ..] = sum_j r[i, j] old[.., j, ..] along each axis in `axes`."""
+    r = r.to(tensor.dtype) if tensor.is_floating_point() else r
+    for axis in axes:
+        tensor = torch.movedim(torch.tensordot(r, tensor, dims=([1], [axis])), 0, axis)
+    return tensor
+
+
+def move_stream(state: Mapping[str, torch.Tensor], stream: StreamLayout, r: torch.Tensor,
+                gains: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole residual symmetry: fold every pre-norm, move the stream by r, unfold with `gains` (per folded
+    norm, the gains the moved model's norms take; typically the anchor's)."""
+    return unfold_norms(rotate_stream(fold_norms(state, stream.folds), stream, r), stream.folds, gains)
+
+
+def is_signed_permutation(r: torch.Tensor) -> bool:
+    """Whether r has exactly one nonzero entry, +1 or -1, per row and column."""
+    a = r.abs()
+    return bool(((a == 0) | (a == 1)).all() and (a.sum(0) == 1).all() and (a.sum(1) == 1).all())
+
+
+# ---------------------------------------------------------------- LayerNorm's constraint: r 1 = +-1
+
+def centred_basis(hidden: int) -> torch.Tensor:
+    """An orthonormal basis of the complement of the all-ones vector, (hidden, hidden - 1) float64 (Helmert's)."""
+    basis = torch.zeros(hidden, hidden - 1, dtype=torch.float64)
+    for k in range(1, hidden):                    # column k-1: (1, ..., 1, -k, 0, ...) / sqrt(k (k + 1))
+        basis[:k, k - 1] = 1.0
+        basis[k, k - 1] = -float(k)
+        basis[:, k - 1] /= (k * (k + 1)) ** 0.5
+    return basis
+
+
+def centred_map(q: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    """The orthogonal map acting as q (hidden-1 x hidden-1) on the complement of 1 and as `sign` on 1."""
+    hidden = q.shape[0] + 1
+    basis, ones = centred_basis(hidden), torch.full((hidden,), hidden ** -0.5, dtype=torch.float64)
+    return sign * torch.outer(ones, ones) + basis @ q.to(torch.float64) @ basis.T
