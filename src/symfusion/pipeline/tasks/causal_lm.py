@@ -123,9 +123,9 @@ class CausalLMTask(Task):
 
     # ------------------------------------------------------------ models
 
-    def check_model(self, model: torch.nn.Module, where: str = "the model") -> None:
+    def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
         """Refuse (one line) a model that is no causal LM of a supported family."""
-        super().check_model(model, where)
+        super().check_model(model, where, model_dir)
         if type(model).__name__ not in CAUSAL_LM_CLASSES:
             raise SymfusionError(f"{where} is a {type(model).__name__}, not a causal language model; task {self.name} "
                                  "scores next-token predictions: give a *ForCausalLM folder (e.g. trained with "
