@@ -127,12 +127,12 @@ def test_no_import_cycle():
 
 
 REPORT = "symfusion.pipeline.report"
-REPORT_SHARED = {f"{REPORT}.registry", f"{REPORT}.results", f"{REPORT}.effects"}
+REPORT_SHARED = {f"{REPORT}.registry", f"{REPORT}.results", f"{REPORT}.effects", f"{REPORT}.barriers"}
 
 
 def test_report_modules_import_no_sibling_but_the_shared_ones():
     """report/ is one module per artefact (its writer) plus shared modules (registry: the experiments; results: reading
-    results, writing CSV / Markdown / figures; effects: effects of matching): no module imports a sibling that is not
+    results, writing CSV / Markdown / figures; effects: effects of matching; barriers: loss paths): no module imports a sibling that is not
     shared, so no chain runs sideways; artefacts.py, symfusion-report itself, imports the writers by the registry's
     names and the audit report."""
     trees = modules()

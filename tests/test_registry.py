@@ -19,7 +19,7 @@ from test_vision_stages import merged_evaluation_files
 from workflow_copy import ROOT, dry_run_jobs, edit_yaml, scratch_workflow, snakemake, stderr_lines
 
 REPORT = ROOT / "src" / "symfusion" / "pipeline" / "report"
-SHARED = {"__init__", "artefacts", "audit", "compare", "effects", "registry", "results"}   # not writers
+SHARED = {"__init__", "artefacts", "audit", "barriers", "compare", "effects", "registry", "results"}   # not writers
 PROFILES = sorted(p.stem for p in (ROOT / "conf" / "profile").glob("*.yaml"))
 
 
@@ -64,11 +64,21 @@ def test_a_missing_label_is_an_error_not_a_silent_drop(monkeypatch):
         registry.matching_label.cache_clear()
 
 
-def expected_targets(profile: str, results: str, figures: str) -> list[str]:
+def profile_tracks(settings: dict) -> dict[str, bool]:
+    """Which tracks a profile has: vision always, lang with encoders, decoder with its section, decoder_ft with the
+    decoder section's finetune."""
+    decoder = settings.get("decoder") or {}
+    return {"vision": True, "lang": bool(settings["language"]["models"]), "decoder": bool(decoder),
+            "decoder_ft": bool(decoder.get("finetune"))}
+
+
+def expected_targets(profile: str, results: str, figures: str, on_demand: bool = False) -> list[str]:
+    """The artefacts the default target builds (on_demand: those built only when asked for by name)."""
     settings = yaml.safe_load((ROOT / "conf" / "profile" / f"{profile}.yaml").read_text())
-    tracks = {"vision": True, "lang": bool(settings["language"]["models"])}
+    tracks = profile_tracks(settings)
     return [f"{results}/{profile}/{e.name}.csv" if e.kind == "table" else f"{figures}/{profile}/{e.name}.png"
-            for e in experiments().values() if tracks[e.track] and e.name not in settings.get("experiments_off", [])]
+            for e in experiments().values() if tracks[e.track] and e.name not in settings.get("experiments_off", [])
+            and e.on_demand == on_demand]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -81,6 +91,23 @@ def test_the_snakefile_builds_exactly_the_registry_entries(profile):
     assert jobs["report"][0]["input"] == expected
     built = sorted(j["output"][0] for rule in ("table", "figure") for j in jobs[rule])
     assert built == sorted(expected)
+    assert set(jobs) >= {"decoder_merge", "decoder_barrier", "decoder_mergekit"}       # every profile has decoders
+
+
+def test_an_on_demand_entry_is_built_by_its_own_target_only():
+    """mini's SmolLM2 table: not among the default target's inputs (above), but its target builds it with the
+    decoder_ft track's jobs: two fine-tunes, scored on both domains, matched, merged by every method."""
+    (target,) = expected_targets("mini", "/nonexistent/results", "/nonexistent/figures", on_demand=True)
+    assert target.endswith("/table_decoder_smollm2.csv")
+    run = snakemake(ROOT, "-n", target, "--config", "profile=mini", "results_dir=/nonexistent/results",
+                    "figures_dir=/nonexistent/figures")
+    assert run.returncode == 0, run.stdout[-2000:]
+    jobs = dry_run_jobs(run.stdout)
+    entry = experiment("table_decoder_smollm2")
+    matchings = entry.matchings("merged_evals")
+    assert len(jobs["train"]) == 2 and len(jobs["decoder_merge"]) == len(matchings)
+    assert len(jobs["match"]) == len(matchings) - 1 and "report" not in jobs and "decoder_barrier" not in jobs
+    assert all("/decoder_ft/smollm2_135m/" in j["output"][0] for rule in ("train", "match") for j in jobs[rule])
 
 
 def test_a_profile_switches_an_experiment_off_by_name(tmp_path):
@@ -91,7 +118,9 @@ def test_a_profile_switches_an_experiment_off_by_name(tmp_path):
                     "figures_dir=/nonexistent/figures")
     assert run.returncode == 0, run.stdout[-2000:] + "".join(stderr_lines(run))
     jobs = dry_run_jobs(run.stdout)
-    assert "layer_sweep" not in jobs and len(jobs["figure"]) == 3
+    figures = [t for t in expected_targets("smoke", "/nonexistent/results", "/nonexistent/figures")
+               if t.endswith(".png")]
+    assert "layer_sweep" not in jobs and len(jobs["figure"]) == len(figures) - 1
     assert "/nonexistent/figures/smoke/fig6_layers.png" not in jobs["report"][0]["input"]
     assert jobs["report"][0]["input"] == [t for t in expected_targets("smoke", "/nonexistent/results",
                                                                      "/nonexistent/figures") if "fig6" not in t]

@@ -45,7 +45,10 @@ def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
     assert paper == rehearsal
     merged = {m for e in experiments().values() for k, spec in e.inputs.get("vision", {}).items()
               if k == "merged_evals" for m in spec.get("matchings", [])}
-    assert paper["train"] == 3 + 2 * 12 and paper["merge_evaluate"] == 3 * len(merged)     # 3 ViT seeds: 3 pairs
+    assert paper["train"] == 3 + 2 * 12 + 3 and paper["merge_evaluate"] == 3 * len(merged)  # 3 ViT seeds: 3 pairs
+    decoder = {m for e in experiments().values() for k, spec in e.inputs.get("decoder", {}).items()
+               if k == "merged_evals" for m in spec.get("matchings", [])}
+    assert paper["decoder_merge"] == 3 * len(decoder)                                   # 3 decoder seeds: 3 pairs
 
 
 def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
@@ -63,9 +66,10 @@ def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
 def test_statistics_are_shared_exactly_by_the_models_several_merges_fuse_unmoved():
     """mini: the ViT anchor (seed0) is fused unmoved by its pair's every matching, the source (seed1) only by the
     unmatched merge; each text model anchors a pair, or is the source of two unmatched pair merges (rt_d2), or
-    is fused unmoved by the unmatched NER group merge besides its pair's (ner_headlines): 1 + 6 files."""
+    is fused unmoved by the unmatched NER group merge besides its pair's (ner_headlines); the decoder anchor as the
+    ViT's: 1 + 6 + 1 files."""
     counts = job_counts("mini")
-    assert counts["statistics"] == 1 + 6
+    assert counts["statistics"] == 1 + 6 + 1
     assert counts["statistics"] < counts["train"]
 
 

@@ -140,7 +140,7 @@ def train_command(cfg: DictConfig) -> None:
 def merge_command(cfg: DictConfig) -> None:
     """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
     or, several methods merged and evaluated in one process (no model folder written):
-    symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]]"""
+    symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]] [client=mergekit]"""
     from symfusion.pipeline.stages.merge import fusion_config, run_merge, run_merge_evaluate
 
     tasks = _tasks(cfg, "tasks")
@@ -152,12 +152,15 @@ def merge_command(cfg: DictConfig) -> None:
         eval_tasks = _tasks(cfg, "eval_tasks") or [_task(cfg)]
         reports = run_merge_evaluate(_container(cfg.models), fusions, _task(cfg), cfg.eval_dir, eval_tasks,
                                      _container(cfg.get("eval_heads")), _resolved(cfg), tasks=tasks,
-                                     precision=cfg.precision, statistics=_container(cfg.get("statistics")))
+                                     precision=cfg.precision, statistics=_container(cfg.get("statistics")),
+                                     client=cfg.client)
         for report in reports:
             summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
             print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
                   f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
         return
+    if cfg.client != "symfusion":
+        raise SymfusionError(f"client={cfg.client} merges with methods=[simple] eval_dir=DIR (evaluated in place)")
     report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, _resolved(cfg),
                        tasks=tasks, precision=cfg.precision, statistics=_container(cfg.get("statistics")))
     print(f"merged {len(report['models'])} models with {report['method']} "
@@ -275,7 +278,8 @@ CHECKS = {
               "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
               "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),
               "eval_heads": listing(text(), 1, optional=True), "precision": PRECISION,
-              "statistics": listing(text(), 1, optional=True), **TASK_CHECKS},
+              "statistics": listing(text(), 1, optional=True), "client": choice("symfusion", "mergekit"),
+              **TASK_CHECKS},
     "statistics": {"model_dir": PATH, "methods": listing(text(), 1), "method_options": mapping(optional=True),
                    "output": PATH, "precision": PRECISION, **TASK_CHECKS},
     "evaluate": {"model_dir": PATH, "output": PATH, "split": SPLIT, "head_from": text(optional=True),

@@ -16,17 +16,37 @@ LANG_OOD = LANG["ner_ood"]
 LANG_MATCHINGS = ["none", LANG["matching"]]
 LANG_METHODS = LANG["fusion_methods"]
 
+DECODER = SETTINGS.get("decoder") or {}          # no section: no decoder track
+FINETUNE = DECODER.get("finetune") or {}         # no subsection: no decoder_ft track
+DECODER_MODELS = [f"seed{seed}" for seed in DECODER.get("seeds", [])]
+DECODER_METHODS = DECODER.get("fusion_methods", [])   # both decoder tracks merge by these (one merge rule)
+
 
 def lang_pairs(datasets):
     """Pairwise in-domain merges: (source, anchor) with the earlier dataset as anchor."""
     return [(b, a) for i, a in enumerate(datasets) for b in datasets[i + 1:]]
 
 
+def seed_of(name):
+    return int(name[len("seed"):])
+
+
+def decoder_options(section):
+    """Hydra value of a decoder merge's method_options: the statistic batches of Fisher and RegMean."""
+    return hydra_value({"fisher": {"num_batches": section["fusion_batches"]},
+                        "regmean": {"num_batches": section["fusion_batches"]}})
+
+
 # ---------------------------------------------------------------- tracks
 # A track: groups of end models (vision: the image task, its end models are seeds trained from scratch;
-# lang: each pretrained encoder, its end models are the datasets it is fine-tuned on). The registry's input
-# builders (experiments.smk) read a track only through this table and TRACK_RULES; a track with no groups
-# is not built. A new track adds its entry in both, and the rules that write its results.
+# lang: each pretrained encoder, its end models are the datasets it is fine-tuned on; decoder: the causal_lm task,
+# its end models are seeds of a decoder trained from scratch; decoder_ft: the pretrained decoder, its end models the
+# domains it is fine-tuned on). The registry's input builders (experiments.smk) and the shared rules (train,
+# evaluate_end_model, statistics, match) read a track only through this table and TRACK_RULES; a track with no
+# groups is not built. A new track adds its entry in both, and the rules that write its results.
+#   task(group, name), model(group), seed(name), threads: how an end model is trained (rule train)
+#   eval_tasks(group, name): what an end model is scored on; tasks(group): the tasks whose data the track reads
+#   options(group, name): method_options of the merges whose anchor is `name` (and of its statistics)
 TRACKS = {
     "vision": {
         "groups": [VISION_TASK],
@@ -36,6 +56,13 @@ TRACKS = {
         "group": [],                         # the models of its group merge, anchor first (none)
         "methods": FUSION_METHODS,           # its fusion methods, in the order its merge rules write them
         "matching": None,                    # the profile's matching of the track (registry: `profile`)
+        "task": lambda group, name: group,
+        "model": lambda group: VISION["model"],
+        "seed": seed_of,
+        "threads": VISION["train_threads"],
+        "eval_tasks": lambda group, name: [group],
+        "tasks": lambda group: [group],
+        "options": lambda group, name: "null",
     },
     "lang": {
         "groups": LANG_MODELS,
@@ -45,6 +72,45 @@ TRACKS = {
         "group": LANG["ner"],
         "methods": LANG_METHODS,
         "matching": LANG["matching"],
+        "task": lambda group, name: name,
+        "model": lambda group: group,
+        "seed": lambda name: LANG["seed"],
+        "threads": LANG["train_threads"],
+        "eval_tasks": lambda group, name: [name] + ([LANG_OOD] if name in LANG["ner"] else []),
+        "tasks": lambda group: LANG["emotion"] + LANG["ner"] + [LANG_OOD] + LANG["glue"],
+        "options": lambda group, name: method_options(group, name),
+    },
+    "decoder": {
+        "groups": [DECODER["task"]] if DECODER else [],
+        "models": DECODER_MODELS,
+        "merged": DECODER_MODELS,
+        "pairs": [(b, a) for i, a in enumerate(DECODER_MODELS) for b in DECODER_MODELS[i + 1:]],
+        "group": [],
+        "methods": DECODER_METHODS,
+        "matching": None,
+        "task": lambda group, name: group,
+        "model": lambda group: DECODER["model"],
+        "seed": seed_of,
+        "threads": DECODER.get("train_threads", 1),
+        "eval_tasks": lambda group, name: [group],
+        "tasks": lambda group: [group],
+        "options": lambda group, name: decoder_options(DECODER),
+    },
+    "decoder_ft": {
+        "groups": [FINETUNE["model"]] if FINETUNE else [],
+        "models": FINETUNE.get("domains", []),
+        "merged": FINETUNE.get("domains", []),
+        "pairs": lang_pairs(FINETUNE.get("domains", [])),
+        "group": [],
+        "methods": DECODER_METHODS,
+        "matching": None,
+        "task": lambda group, name: name,
+        "model": lambda group: group,
+        "seed": lambda name: FINETUNE["seed"],
+        "threads": FINETUNE.get("train_threads", 1),
+        "eval_tasks": lambda group, name: FINETUNE["domains"],      # every fine-tune is scored on every domain
+        "tasks": lambda group: FINETUNE["domains"],
+        "options": lambda group, name: decoder_options(FINETUNE),
     },
 }
 # The rule that writes each track-specific kind of input (registry `inputs`); its output patterns take the
@@ -53,7 +119,11 @@ TRACK_RULES = {
     "vision": {"merged_evals": "merge_evaluate", "barriers": "barrier", "multimodel": "vision_multimodel"},
     "lang": {"merged_evals": "lang_merge_pair", "group_evals": "lang_merge_group", "layer_sweeps": "layer_sweep",
              "multimodel": "multimodel", "barycenter_evals": "multimodel_merge"},
+    "decoder": {"merged_evals": "decoder_merge", "barriers": "decoder_barrier", "mergekit_evals": "decoder_mergekit"},
+    "decoder_ft": {"merged_evals": "decoder_merge", "barriers": "decoder_barrier",
+                   "mergekit_evals": "decoder_mergekit"},
 }
+DECODER_TRACKS = ("decoder", "decoder_ft")     # the wildcard `track` of the decoder rules (decoder.smk)
 
 
 wildcard_constraints:
@@ -83,6 +153,10 @@ check_conf_names(
     + [(f"language.{key}", "task", t) for key in ("emotion", "ner", "glue") for t in LANG[key]]
     + [("language.ner_ood", "task", LANG_OOD), ("language.matching", "matching", LANG["matching"])]
     + [("language.fusion_methods", "fusion", m) for m in LANG_METHODS]
+    + ([("decoder.task", "task", DECODER["task"]), ("decoder.model", "model", DECODER["model"])] if DECODER else [])
+    + [("decoder.fusion_methods", "fusion", m) for m in DECODER_METHODS]
+    + ([("decoder.finetune.model", "model", FINETUNE["model"])] if FINETUNE else [])
+    + [("decoder.finetune.domains", "task", t) for t in FINETUNE.get("domains", [])]
 )
 
 
@@ -90,8 +164,9 @@ check_conf_names(
 
 
 def task_of(track, group, name):
-    """The task an end model solves: vision's group is its image task, a language model's name its dataset."""
-    return group if track == "vision" else name
+    """The task an end model solves (TRACKS: vision's and decoder's group is their task, a language model's or a
+    fine-tuned decoder's name its dataset)."""
+    return TRACKS[track]["task"](group, name)
 
 
 def end_model_task(wildcards):
@@ -99,15 +174,15 @@ def end_model_task(wildcards):
 
 
 def end_model_model(wildcards):
-    return VISION["model"] if wildcards.track == "vision" else wildcards.group
+    return TRACKS[wildcards.track]["model"](wildcards.group)
 
 
 def end_model_seed(wildcards):
-    return int(wildcards.name[len("seed"):]) if wildcards.track == "vision" else LANG["seed"]
+    return TRACKS[wildcards.track]["seed"](wildcards.name)
 
 
 def end_model_threads(wildcards):
-    return (VISION if wildcards.track == "vision" else LANG)["train_threads"]
+    return TRACKS[wildcards.track]["threads"]
 
 
 def matching_conf(name):
@@ -130,9 +205,14 @@ def match_data_task(wildcards):
 
 
 def end_model_eval_tasks(wildcards):
-    """The tasks an end model is scored on: its own, and for a NER model the out-of-domain set too."""
-    task = end_model_task(wildcards)
-    return [task] + ([LANG_OOD] if wildcards.track == "lang" and task in LANG["ner"] else [])
+    """The tasks an end model is scored on: its own (a NER model: the out-of-domain set too; a fine-tuned decoder:
+    every domain)."""
+    return TRACKS[wildcards.track]["eval_tasks"](wildcards.group, wildcards.name)
+
+
+def track_tasks(track, group):
+    """The tasks whose data a track reads (registry input `task_data`: their data manifests)."""
+    return TRACKS[track]["tasks"](group)
 
 
 # ---------------------------------------------------------------- paths (formatted rule outputs)
@@ -168,7 +248,7 @@ def end_eval(track, group, name):
 def track_result(track, kind, method=None, **wildcards):
     """The file that a track's rule for `kind` (TRACK_RULES) writes for these wildcards (and this method)."""
     outputs = getattr(rules, TRACK_RULES[track][kind]).output
-    return outputs[TRACKS[track]["methods"].index(method) if method else 0].format(**wildcards)
+    return outputs[TRACKS[track]["methods"].index(method) if method else 0].format(track=track, **wildcards)
 
 
 # ---------------------------------------------------------------- shared statistics

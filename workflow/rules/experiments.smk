@@ -46,11 +46,16 @@ INPUT_KINDS = {
                                                for m in spec_matchings(track, spec) for f in spec_methods(track, spec)],
     "barriers": lambda track, group, spec: [track_result(track, "barriers", group=group, source=s, anchor=a, matching=m)
                                             for s, a in spec_pairs(track, spec) for m in spec_matchings(track, spec)],
+    "mergekit_evals": lambda track, group, spec: [
+        track_result(track, "mergekit_evals", group=group, source=s, anchor=a, matching=m)
+        for s, a in spec_pairs(track, spec) for m in spec_matchings(track, spec)],
+    "task_data": lambda track, group, spec: [data_file(t) for t in track_tasks(track, group)],
     "layer_sweeps": lambda track, group, spec: [track_result(track, "layer_sweeps", group=group)],
     "multimodel": lambda track, group, spec: [track_result(track, "multimodel", group=group)],
     "barycenter_evals": lambda track, group, spec: [track_result(track, "barycenter_evals", group=group)],
 }
-TRACK_KINDS = ("end_models", "end_evals", "matched")   # every track has these (rules train, evaluate_end_model, match)
+TRACK_KINDS = ("end_models", "end_evals", "matched", "task_data")   # every track has these (rules train,
+                                                                    # evaluate_end_model, match, data)
 
 
 def check_registry():
@@ -98,9 +103,11 @@ def check_registry():
 
 check_registry()
 
-# The experiments this profile builds: not switched off, and of a track the profile has (registry order).
+# The experiments this profile builds: not switched off, and of a track the profile has (registry order); those
+# marked on_demand only when asked for by name (their target), never by the default target (report.md).
 EXPERIMENTS = {name: entry for name, entry in REGISTRY.items()
                if name not in SETTINGS["experiments_off"] and TRACKS[entry["track"]]["groups"]}
+DEFAULT_EXPERIMENTS = [name for name, entry in EXPERIMENTS.items() if not entry.get("on_demand")]
 
 
 def merged_matchings(track, kind):

@@ -16,7 +16,7 @@ rule statistics:
         task=end_model_task,
         profile=PROFILE,
         methods=lambda w: hydra_list(TRACKS[w.track]["methods"]),
-        options=lambda w: "null" if w.track == "vision" else method_options(w.group, w.name),
+        options=lambda w: TRACKS[w.track]["options"](w.group, w.name),
         model_dir=quoted_input(0),
         output=quoted_output,
     log:

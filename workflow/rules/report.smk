@@ -53,7 +53,7 @@ rule figure:
 
 rule report:
     input:
-        [artefact_file(name) for name in EXPERIMENTS],
+        [artefact_file(name) for name in DEFAULT_EXPERIMENTS],
     output:
         md=report(f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"),
         provenance=f"{RESULTS}/provenance.json",

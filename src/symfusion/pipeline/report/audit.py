@@ -62,6 +62,10 @@ def paper_anomalies() -> list[str]:
 def table_section(results: Path, experiment: Experiment) -> str:
     """A table's section of report.md: its Markdown without its own title (and signature) under the registry's."""
     md = results / f"{experiment.name}.md"
+    if not md.is_file() and experiment.on_demand:
+        return (f"## {experiment.title}\n\nBuilt on demand, not by the default run: `snakemake --cores 2 "
+                f"{results / experiment.name}.csv --config profile={results.name}` (in a profile with its "
+                f"`{experiment.track}` track).\n\n")
     if not md.is_file():
         return f"## {experiment.title}\n\nNot produced in this profile.\n\n"
     body = unsigned_markdown(md.read_text()).split("\n", 2)[-1]            # drop the file's own title line

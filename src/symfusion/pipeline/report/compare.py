@@ -9,7 +9,8 @@ results/ so that a fresh clone's pipeline really runs instead of finding its out
 figure data are found from the run's own report (the figures its report.md shows), wherever the command
 is run from, unless --figures says otherwise. Numbers must agree within the tolerance (absolute, in the
 table's units: accuracy/F1 points x100, losses); timing columns (Table 3, seconds) are only reported,
-never compared. An artefact that one side has and the other lacks, an unreadable or malformed file, a
+never compared. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
+conf/experiments.yaml `on_demand`), an unreadable or malformed file, a
 row or a column that one side lacks: each is a difference. Exit code 0 when everything agrees, 1 with a
 readable diff otherwise, 2 (one line) for a usage error.
 """
@@ -33,6 +34,11 @@ def compared_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
     entries = [e for e in experiments().values() if e.compare]
     return (tuple(f"{e.name}.csv" for e in entries if e.kind == "table"),
             tuple(f"{e.name}.csv" for e in entries if e.kind == "figure"))
+
+
+def on_demand_files() -> frozenset[str]:
+    """The CSVs of entries built only when asked for by name: a run without one is no difference."""
+    return frozenset(f"{e.name}.csv" for e in experiments().values() if e.on_demand)
 
 
 TIMING_COLUMNS = ("seconds",)            # never compared (nor Table 3): seconds depend on the machine and its load
@@ -157,9 +163,11 @@ def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_fig
     pairs += [(f, figures_dir / f, reference_figures / f) for f in figure_data]
     if only:
         pairs = [p for p in pairs if p[0] in only]
+    on_demand = on_demand_files()
     for name, path, ref in pairs:
-        if not path.exists() and not ref.exists():
-            continue                         # an artefact neither run has (e.g. a profile without it)
+        if not path.exists() and (not ref.exists() or name in on_demand):
+            continue                         # an artefact neither run has (e.g. a profile without it), or one built
+                                             # on demand that this run did not build
         found, ok = compare_file(name, path, ref, tolerance, within_intervals)
         problems += found
         compared += ok

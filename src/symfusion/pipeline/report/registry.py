@@ -43,6 +43,7 @@ class Experiment:
     labels: dict = field(default_factory=dict)
     paper_columns: dict = field(default_factory=dict)
     effect: dict | None = None
+    on_demand: bool = False       # built only when asked for by name, not by the default target (report.md says how)
 
     def matchings(self, kind: str) -> list[str]:
         """The matchings its inputs of `kind` declare, in order (its columns, bars or curves)."""

@@ -29,7 +29,8 @@ def model_origin(model_dir: Path) -> dict:
 def merge_origin(merge: dict) -> dict:
     """The origin fields of a merged model, from its merge report (merge.json)."""
     return {"method": merge["method"], "matching": merge["matching"], "merge_seconds": merge["seconds"],
-            "merged_models": merge["models"], "statistic_examples": merge.get("statistic_examples")}
+            "merged_models": merge["models"], "statistic_examples": merge.get("statistic_examples"),
+            **{key: merge[key] for key in ("client", "mergekit") if key in merge}}   # a merge by another client
 
 
 def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, heads: list | None = None,

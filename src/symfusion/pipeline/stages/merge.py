@@ -22,6 +22,7 @@ from symfusion.pipeline.stages.common import fusion_batches, load_models, matchi
 from symfusion.pipeline.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
                                          statistic_identity)
 from symfusion.pipeline.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
+from symfusion.pipeline.stages.mergekit import check_client, merge_by_mergekit, mergekit_cli
 
 # Fusion options that select data rather than being passed to the method.
 DATA_OPTIONS = STAGE_KEYS
@@ -131,21 +132,33 @@ def run_merge(models: list[str], fusion: dict, task, output: str, resolved_confi
     return report
 
 
+def merged_by_client(client: str, fusion: dict, loaded: list, models: list[str], task) -> tuple[torch.nn.Module, dict]:
+    """(merged model, merge report) of a merge done by another client (mergekit: stages/mergekit.py)."""
+    method = check_fusion(fusion)
+    merged, done = merge_by_mergekit(method, models, loaded)
+    report = {"method": method, "matching": matching_of(Path(models[-1])), "models": list(models), "task": task.name,
+              "statistics_tasks": [], "fusion": fusion, "statistic_examples": 0, "precomputed_statistics": [], **done}
+    return merged, report
+
+
 def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: str, eval_tasks: list,
                        eval_heads: list | None = None, resolved_config: dict | None = None,
                        tasks: list | None = None, precision: str = "auto",
-                       statistics: list[str] | None = None) -> list[dict]:
+                       statistics: list[str] | None = None, client: str = "symfusion") -> list[dict]:
     """Merge `models` with each fusion method in turn and evaluate every merged model in this process.
 
     Writes eval_dir/<method>.json (as symfusion-evaluate writes, plus the merge's timing) and no model
     folder: one process instead of a merge and an evaluation per method, the models loaded once.
-    The merged model's tokenizer is the anchor's.
+    The merged model's tokenizer is the anchor's. client=mergekit: the merge is done by mergekit's CLI.
     """
     methods = [check_fusion(f) for f in fusions]
     if not methods or len(set(methods)) != len(methods):
         raise SymfusionError(f"methods={methods}: give one or more distinct fusion methods")
     if not eval_dir:
         raise SymfusionError("eval_dir=DIR is required (where <method>.json of each merged model is written)")
+    check_client(client, methods)
+    if client == "mergekit":
+        mergekit_cli()                        # installed, before anything is claimed or loaded
     files = StatisticFiles(statistics)
     inputs = list(models or []) + [h for h in (eval_heads or []) if h] + files.paths
     with ExitStack() as stack:
@@ -154,8 +167,11 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
         loaded = [m.to(compute_device()) for m in load_models(models)]
         stamp, batch_cache, model_shas, reports = provenance(resolved_config), {}, model_digests(loaded, files), []
         for fusion in fusions:
-            merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision,
-                                        files, model_shas)
+            if client != "symfusion":
+                merged, merge = merged_by_client(client, fusion, loaded, models, task)
+            else:
+                merged, merge = fuse_loaded(loaded, models, fusion, task, tasks or [task], batch_cache, precision,
+                                            files, model_shas)
             start = time.perf_counter()
             results = evaluate_tasks(merged, models[0], eval_tasks, eval_heads, precision=precision)
             origin = {**merge_origin(merge), "fusion": fusion}
