@@ -182,21 +182,26 @@ def merged_evaluation_files(folder, accuracies: dict[str, float]) -> list[str]:
 
 
 def test_table2_puts_the_papers_numbers_beside_ours(tmp_path):
-    paths = merged_evaluation_files(tmp_path, {"none": 0.5, "rotation_no_rescale": 0.6, "rotation": 0.62})
-    (row,) = table2_rows(paths, experiment("table2"))
+    accuracies = {"none": 0.5, "rotation_no_rescale": 0.6, "rotation": 0.62, "full_symmetry": 0.7,
+                  "full_symmetry_learned": 0.75}
+    (row,) = table2_rows(merged_evaluation_files(tmp_path, accuracies), experiment("table2"))
     assert row["ours_none"] == pytest.approx(50.0) and row["ours_full"] == pytest.approx(62.0)
     assert row["paper_none"] == pytest.approx(7.60) and row["paper_full"] == pytest.approx(10.19)
     assert row["effect"] == pytest.approx(12.0) and row["effect_low"] < 12.0 < row["effect_high"]
     assert row["effect_low"] > 0 and row["pairs"] == 1
     assert row["ours_effect"] == "helps" and row["paper_effect"] == "helps" and row["effect_agrees"] == "yes"
+    assert row["ours_full_symmetry"] == pytest.approx(70.0) and row["effect_full_symmetry"] == pytest.approx(20.0)
+    assert row["effect_full_symmetry_vs_rotation"] == pytest.approx(8.0)
+    assert row["ours_effect_full_symmetry_vs_rotation"] == "helps"
 
 
 def test_fig3_data_gives_each_matchings_effect_and_leaves_it_empty_for_the_unmatched_bar(tmp_path):
-    accuracies = {"none": 0.5, "ffn_only": 0.5, "attn_only": 0.55, "rotation_no_rescale": 0.6, "rotation": 0.62}
+    accuracies = {"none": 0.5, "ffn_only": 0.5, "attn_only": 0.55, "rotation_no_rescale": 0.6, "rotation": 0.62,
+                  "full_symmetry": 0.7, "full_symmetry_learned": 0.75}
     rows = run_report("fig3_ablation", merged_evaluation_files(tmp_path, accuracies), str(tmp_path / "fig3.png"))
     with open(tmp_path / "fig3.csv") as handle:
         written = list(csv.DictReader(handle))
-    assert [r["variant"] for r in written] == list(accuracies) and len(rows) == 5
+    assert [r["variant"] for r in written] == list(accuracies) and len(rows) == len(accuracies)
     assert written[0]["effect"] == "" and written[0]["verdict"] == ""
     by_variant = {r["variant"]: r for r in written}
     assert float(by_variant["rotation"]["effect"]) == pytest.approx(12.0)

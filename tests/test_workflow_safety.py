@@ -63,7 +63,8 @@ def test_an_awkward_results_dir_reaches_every_command_intact(tmp_path):
     run = snakemake(ROOT, "-n", "-p", "--config", "profile=smoke", f"results_dir={results}", f"figures_dir={figures}")
     assert run.returncode == 0, run.stdout[-2000:]
     commands = [c for c in re.findall(r"^Shell command: (.*)$", run.stdout, re.M) if c != "None"]   # `all` has none
-    assert len(commands) == 62                                   # every job of the smoke profile but `all`
+    total = int(re.search(r"^total\s+(\d+)", run.stdout, re.M).group(1))
+    assert len(commands) == total - 1 > 0                        # every job of the smoke profile but `all`
     for command in commands:
         words = shlex.split(command)
         stage = next(i for i, w in enumerate(words) if w.startswith("symfusion-"))
