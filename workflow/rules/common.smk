@@ -353,3 +353,16 @@ def method_options(lmodel, dataset):
     if alpha is not None:
         options["regmean"]["alpha"] = alpha
     return hydra_value(options)
+
+
+# The decoder tracks (workflow/rules/decoder.smk).
+def decoder_merge_tasks(w):
+    """The tasks a pair's merges are scored on: every task either end model is scored on (decoder: its task;
+    decoder_ft: every domain)."""
+    tracks = TRACKS[w.track]
+    return list(dict.fromkeys(tracks["eval_tasks"](w.group, w.anchor) + tracks["eval_tasks"](w.group, w.source)))
+
+
+def decoder_pair_tasks(w):
+    """Each model's own task, anchor first: the data of its Fisher / Gram statistics."""
+    return [task_of(w.track, w.group, name) for name in (w.anchor, w.source)]

@@ -6,18 +6,6 @@
 # pair's tasks; the same simple merge done by mergekit's own CLI (the `merge` extra); the loss along the linear path.
 
 
-def decoder_merge_tasks(w):
-    """The tasks a pair's merges are scored on: every task either end model is scored on (decoder: its task;
-    decoder_ft: every domain)."""
-    tracks = TRACKS[w.track]
-    return list(dict.fromkeys(tracks["eval_tasks"](w.group, w.anchor) + tracks["eval_tasks"](w.group, w.source)))
-
-
-def decoder_pair_tasks(w):
-    """Each model's own task, anchor first: the data of its Fisher / Gram statistics."""
-    return [task_of(w.track, w.group, name) for name in (w.anchor, w.source)]
-
-
 rule decoder_merge:
     wildcard_constraints:
         track="|".join(DECODER_TRACKS),
