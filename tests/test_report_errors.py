@@ -92,13 +92,19 @@ def test_every_writer_checks_its_inputs_shape_before_writing(capsys, tmp_path):
                                  "joint_vs_sequential": []}))
     path, _ = barrier_result(tmp_path, "none", tmp_path / "models" / "seed1", bump=1.0, seed=0)
     barrier = rewrite(path, lambda d: d["path"][1].pop("per_example"))
+    lm_eval = tmp_path / "decoder" / "lm_english" / "eval" / "b-onto-a" / "none" / "simple.json"
+    lm_eval.parent.mkdir(parents=True)
+    lm_eval.write_text(json.dumps({"method": "simple", "matching": "none", "merged_models": ["a", "b"], "results": [
+        {"task": "lm_english", "metrics": {"loss": 5.0, "perplexity": 148.4}, "per_example": {"loss": [5.0]}}]}))
     out = tmp_path / "out"
     for artefact, given, expected in (("fig4_distance", match, "'distance_after' is a required property"),
                                       ("table3", model, "'seconds' is a required property"),
                                       ("fig6_layers", sweep, "'half' is not one of"),
                                       ("table1", text_eval, "'regression' is not one of"),
                                       ("multimodel", group, "'barycenter' is a required property at methods"),
-                                      ("fig5_barrier", barrier, "'per_example' is a required property at path[1]")):
+                                      ("fig5_barrier", barrier, "'per_example' is a required property at path[1]"),
+                                      ("figD_decoder_barrier", barrier, "'per_example' is a required property at path[1]"),
+                                      ("table_decoder", lm_eval, "'tokens' is a required property")):
         suffix = ".png" if artefact.startswith("fig") else ".csv"
         fails(capsys, tmp_path, expected, f"artefact={artefact}", inputs([given]), f"output={out / artefact}{suffix}")
     assert not out.exists()

@@ -118,6 +118,10 @@ PROFILE_MISTAKES = [
     (("language", "matching"), "attn_only_no_rescal", "language.matching"),
     (("language", "fusion_methods"), ["simple", "regmaen"], "language.fusion_methods"),
     (("language", "ner"), ["ner_plot", "ner_plot"], "language.ner"),
+    (("decoder", "model"), "llama_minni", "decoder.model"),
+    (("decoder", "task"), "lm_englsh", "decoder.task"),
+    (("decoder", "seeds"), [1, 1], "decoder.seeds"),
+    (("decoder", "fusion_methods"), ["simple", "fishr"], "decoder.fusion_methods"),
     ((None, "experiments_off"), ["fig9_nothing"], "experiments_off"),
 ]
 
