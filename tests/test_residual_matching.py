@@ -98,6 +98,19 @@ def test_the_activations_after_the_embeddings_recover_a_planted_orthogonal_map()
     assert distance(apply_transform(source, layout, result.transform), anchor)["total"] < 1e-8
 
 
+def test_the_activations_of_a_tied_decoder_recover_a_planted_signed_permutation():
+    """A tied lm_head is one tensor in the module: the activation start passes it once (it raised before)."""
+    model = build("dec", "llama", {"num_key_value_heads": 2, "tie_word_embeddings": True})
+    anchor, source, layout = planted(model, "permutation")
+    config = MatchConfig(attention="rotation", rescale=True, ffn="permutation", heads=True, residual="auto",
+                         residual_solve="activations")
+    gen = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(0, model.config.vocab_size, (4, 12), generator=gen)} for _ in range(3)]
+    result = match_models(source, anchor, layout, config, data=MatchData(model, batches))
+    assert result.residual["group"] == "signed_permutation"
+    assert distance(apply_transform(source, layout, result.transform), anchor)["total"] < 1e-8
+
+
 @pytest.mark.parametrize("family,overrides", [("vit", {}), ("llama", {"num_key_value_heads": 2}),
                                               ("stablelm", {"num_key_value_heads": 2})])
 def test_refining_by_the_midpoint_loss_lowers_it_and_keeps_the_function(family, overrides):

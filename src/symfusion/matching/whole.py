@@ -78,13 +78,16 @@ def untouched_keys(stream: StreamLayout, layout: ModelLayout) -> set[str]:
     return {key for key, _ in stream.axes if key not in in_blocks}
 
 
-def stream_states(model: torch.nn.Module, state: Mapping[str, torch.Tensor], batches: list[dict]) -> torch.Tensor:
-    """The residual stream after the embeddings, (tokens, d), of `model` holding `state`; padding left out."""
+def stream_states(model: torch.nn.Module, state: Mapping[str, torch.Tensor], batches: list[dict],
+                  tied_copy: str | None = None) -> torch.Tensor:
+    """The residual stream after the embeddings, (tokens, d), of `model` holding `state`; padding left out. A tied
+    lm_head listed beside its embeddings (`tied_copy`) is left out: the module ties it to them itself."""
+    state = {k: v for k, v in state.items() if k != tied_copy}
     found = []
     with torch.no_grad():
         for batch in batches:
             inputs = {k: v for k, v in batch.items() if k != "labels"}
-            hidden = functional_call(model, dict(state), args=(), kwargs={**inputs, "output_hidden_states": True})
+            hidden = functional_call(model, state, args=(), kwargs={**inputs, "output_hidden_states": True})
             states = hidden.hidden_states[0]                                      # (batch, tokens, d)
             if "attention_mask" in inputs:
                 states = states[inputs["attention_mask"].bool()]
@@ -96,7 +99,7 @@ def initial_map(fs: dict, fa: dict, source: Mapping, anchor: Mapping, layout: Mo
                 group: str, config: MatchConfig, data: MatchData | None) -> torch.Tensor:
     """The descent's first residual map: from the untouched weights, or from the activations after the embeddings."""
     if config.residual_solve == "activations":
-        states = [stream_states(data.model, s, data.batches) for s in (anchor, source)]
+        states = [stream_states(data.model, s, data.batches, stream.tied_copy) for s in (anchor, source)]
         return solve_residual(activation_cross(*states, stream), group)
     m, g = residual_cross(fs, fa, stream, current=torch.eye(stream.hidden, dtype=torch.float64),
                           keys=untouched_keys(stream, layout))
