@@ -44,7 +44,7 @@ def _seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
 def _standardise(splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, ImageDataset]:
     """Scale to [0, 1] (uint8 input) and standardise per channel with the train split's statistics."""
     def as_float(images: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(images)).float()
+        tensor = torch.from_numpy(np.require(images, requirements=["C", "W"])).float()   # a read-only cache: copied
         return tensor / 255.0 if images.dtype == np.uint8 else tensor
     train = as_float(splits["train"][0])                                    # (N, C, H, W)
     mean = train.mean(dim=(0, 2, 3), keepdim=True)[0]                       # (C, 1, 1)
