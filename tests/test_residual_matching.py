@@ -7,8 +7,9 @@ import torch
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, MatchData, match_models
+from symfusion.matching.residual import gauge_gains
 from symfusion.measures import distance
-from symfusion.stream import stream_layout
+from symfusion.stream import fold_norms, stream_layout
 from symfusion.symmetry import Transform, apply_transform, random_residual, random_transform
 from test_residual_symmetry import MODEL_IDS, MODELS, build, relative_change
 
@@ -109,6 +110,48 @@ def test_the_activations_of_a_tied_decoder_recover_a_planted_signed_permutation(
     result = match_models(source, anchor, layout, config, data=MatchData(model, batches))
     assert result.residual["group"] == "signed_permutation"
     assert distance(apply_transform(source, layout, result.transform), anchor)["total"] < 1e-8
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_near_zero_gains_do_not_blow_up_the_matched_weights(tied):
+    """Two close models (a fine-tune and its base) whose norms hold gains near zero, as SmolLM2-135M's do: the
+    matched source stays as close as it was (unfolding with the anchor's gains put it 250x farther there), and
+    it keeps its function."""
+    model = build("dec", "llama", {"num_key_value_heads": 2, "tie_word_embeddings": tied})
+    anchor = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(5)
+    for key in [k for k in anchor if k.endswith("layernorm.weight")]:
+        anchor[key][::3] = 1e-7                                             # a third of the coordinates nearly dead
+    source = {k: v + 0.01 * v.abs().mean() * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in anchor.items()}
+    if tied:
+        source["lm_head.weight"] = source["model.embed_tokens.weight"]
+    layout = layout_of(model.config, anchor)
+    result = match_models(source, anchor, layout, FULL, tied=tied)
+    before = distance(source, anchor)["total"]
+    after = distance(apply_transform(source, layout, result.transform), anchor)["total"]
+    assert after <= before
+    model.load_state_dict(source)
+    assert relative_change(model, result.transform) < 1e-9
+
+
+def test_the_gauge_is_the_closest_to_the_anchor():
+    """gauge_gains minimises the stored distance over each coordinate's gain: no other gain of a coordinate is closer."""
+    model = build("enc", "vit", {})
+    anchor, source = build("enc", "vit", {}, seed=1).state_dict(), build("enc", "vit", {}, seed=2).state_dict()
+    layout = layout_of(model.config, anchor)
+    stream = stream_layout(layout, source)
+    moved = fold_norms(layout.canonical(source), stream.folds)
+    gains = gauge_gains(moved, layout.canonical(anchor), stream.folds)
+    ca = layout.canonical(anchor)
+
+    def cost(fold, j, t):
+        value = (t - ca[fold.gain][j]) ** 2 + sum(((moved[k][:, j] / t - ca[k][:, j]) ** 2).sum() for k in fold.readers)
+        return value + ((moved[fold.bias][j] * t - ca[fold.bias][j]) ** 2 if fold.bias else 0.0)
+
+    for fold in stream.folds:
+        for j in (0, 5):
+            best = cost(fold, j, gains[fold.gain][j])
+            assert all(best <= cost(fold, j, gains[fold.gain][j] * f) + 1e-12 for f in (0.5, 0.9, 1.1, 2.0, -1.0))
 
 
 @pytest.mark.parametrize("family,overrides", [("vit", {}), ("llama", {"num_key_value_heads": 2}),

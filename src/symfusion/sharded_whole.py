@@ -8,7 +8,7 @@ norm, head; read once). The distance separates over layers too, so each layer ke
 and its previous block transform, and the descent never rises. The first map comes from the tensors no
 block solve touches; the paper's block matching (R = I) is a candidate, as in matching/whole.py, whose
 maths this streams (the result equals it: tests/test_residual_folders.py). The writing pass folds, moves and
-unfolds each layer with the anchor's gains, applies its block transform and checks the block on the moved
+unfolds each layer with the gains closest to the anchor (gauge_gains), applies its block transform and checks the block on the moved
 stream (block'(R h) = R block(h)); the whole model's logits are checked when it is small.
 Cost: each alternation reads both models once and repeats every layer's block solves.
 """
@@ -26,11 +26,11 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
-from symfusion.matching.residual import residual_cross, residual_group, solve_residual
+from symfusion.matching.residual import gauge_gains, residual_cross, residual_group, solve_residual
 from symfusion.matching.whole import MAX_ITERATIONS, REL_TOL, folded_distance
 from symfusion.sharded import (BlockCheck, ShardedFolder, _layer_prefix, check_whole_model, finish_folder,
                                open_pair, open_writers, tolerance_for)
-from symfusion.stream import StreamLayout, fold_norms, move_stream, rotate_stream, stream_layout
+from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
 from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
 
 
@@ -112,7 +112,8 @@ def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> tuple[dict, f
 
 
 def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) -> tuple[torch.Tensor, dict, dict]:
-    """(residual map, blocks per layer, info) of the streamed coordinate descent."""
+    """(residual map, blocks per layer, info) of the streamed coordinate descent; as in matching/whole.py, the
+    paper's block matching instead where it is closer to the anchor as stored (one more pass)."""
     eye = torch.eye(pair.stream.hidden, dtype=torch.float64)
     paper_blocks, paper_distance = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
     best = (paper_distance, eye, paper_blocks, "paper")
@@ -133,6 +134,8 @@ def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) ->
         with clock("residual"):
             r = solve_residual(m, group, g)
     distance, r, blocks, chosen = best
+    if chosen != "paper" and _stored_distance(pair, eye, paper_blocks) <= _stored_distance(pair, r, blocks):
+        r, blocks, chosen = eye, paper_blocks, "paper, closer as stored"
     return r, blocks, {"group": group, "residual_solve": "weights", "folded_distance_blocks_only": paper_distance,
                        "descent": history, "folded_distance": distance, "chosen": chosen,
                        "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final}
@@ -152,20 +155,15 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     clock, start = StageClock(), time.perf_counter()
     pair = _Pair(src, anc, layout, stream)
     r, blocks, info = _descent(pair, config, group, clock)
-    anchor_outside = layout.canonical(anc.read(pair.outside, torch.float32))
-    gains = {f.gain: _anchor_gain(f.gain, anchor_outside, anc, layout) for f in stream.folds}
     target = Path(tmp or output)
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
     writers = open_writers(src, src_meta, target)
     checker, deviations = BlockCheck(src.config), {}
     squared = {"before": 0.0, "after": 0.0}
-    residual = ResidualMap(r, gains)
-    for i in [None] + list(range(layout.num_layers)):            # the tensors outside the layers, then each layer
-        keys = pair.outside if i is None else pair.layer_keys(i)
-        stored_source = src.read(keys, torch.float32)
-        moved = _move(stored_source, layout, stream, residual, {} if i is None else {i: blocks[i]})
+    gains = {}
+    for i, keys, stored_source, anchor_part, moved, part_gains in _moved_parts(pair, r, blocks):
+        gains.update(part_gains)
         stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}
-        anchor_part = anc.read([k for k in keys if k in anc.weight_map], torch.float32)
         for side, state in (("before", stored_source), ("after", stored)):
             squared[side] += sum((state[k].double() - t.double()).pow(2).sum().item() for k, t in anchor_part.items())
         if i is not None:
@@ -177,7 +175,7 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
         for key in keys:
             writers[src.weight_map[key]].write(key, stored[key])
     finish_folder(src, writers, target)
-    transform = Transform(layers={i: t for i, t in blocks.items() if not t.is_identity()}, residual=residual)
+    transform = Transform(layers={i: t for i, t in blocks.items() if not t.is_identity()}, residual=ResidualMap(r, gains))
     report = {"family": layout.family, "layers": list(range(layout.num_layers)), "shards": sorted(writers),
               "distance_before": math.sqrt(squared["before"]), "distance_after": math.sqrt(squared["after"]),
               "block_relative_output_change": {str(i): d for i, d in deviations.items()},
@@ -187,17 +185,32 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     return transform, report
 
 
-def _anchor_gain(key: str, outside: Mapping, anc: ShardedFolder, layout: ModelLayout) -> torch.Tensor:
-    """The anchor's gain of a folded norm (outside the layers, or read from its layer)."""
-    return (outside[key] if key in outside else layout.canonical(anc.read([key], torch.float32))[key]).to(torch.float64)
+def _moved_parts(pair: _Pair, r: torch.Tensor, blocks: dict):
+    """Per part (the tensors outside the layers, then each layer): (layer index or None, its stored keys, the
+    source's part as stored, the anchor's, the moved part as stored in float32, its norms' gains)."""
+    for i in [None] + list(range(pair.layout.num_layers)):
+        keys = pair.outside if i is None else pair.layer_keys(i)
+        stored_source = pair.src.read(keys, torch.float32)
+        anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map], torch.float32)
+        moved, gains = _move(stored_source, anchor_part, pair.layout, pair.stream, r, {} if i is None else {i: blocks[i]})
+        yield i, keys, stored_source, anchor_part, moved, gains
 
 
-def _move(stored: Mapping, layout: ModelLayout, stream: StreamLayout, residual: ResidualMap, blocks: dict) -> dict:
-    """One part of the source (stored keys) folded, moved by the residual map, unfolded with its gains, its blocks
-    applied; back in the stored form."""
+def _stored_distance(pair: _Pair, r: torch.Tensor, blocks: dict) -> float:
+    """|T(source) - anchor| as stored, for the candidate (r, blocks), in one pass over the layers."""
+    return math.sqrt(sum((moved[k].double() - t.double()).pow(2).sum().item()
+                         for *_, anchor_part, moved, _ in _moved_parts(pair, r, blocks) for k, t in anchor_part.items()))
+
+
+def _move(stored: Mapping, anchor_stored: Mapping, layout: ModelLayout, stream: StreamLayout, r: torch.Tensor,
+          blocks: dict) -> tuple[dict, dict]:
+    """One part of the source (stored keys) folded, moved by r, its blocks applied, unfolded with the gains closest
+    to the same part of the anchor; (the part in the stored form, those gains). A norm and its readers lie in one
+    part (a layer, or the tensors outside the layers)."""
     canonical = layout.canonical(stored)
     folds = tuple(f for f in stream.folds if f.gain in canonical)
-    moved = move_stream(canonical, dataclasses.replace(stream, folds=folds), residual.r,
-                        {f.gain: residual.gains[f.gain] for f in folds})
-    moved = apply_blocks(moved, layout, blocks)
-    return layout.stored_form(moved) if layout.stored else moved
+    moved = apply_blocks(rotate_stream(fold_norms(canonical, folds), dataclasses.replace(stream, folds=folds), r),
+                         layout, blocks)
+    gains = gauge_gains(moved, layout.canonical(anchor_stored), folds)
+    moved = unfold_norms(moved, folds, gains)
+    return (layout.stored_form(moved) if layout.stored else moved), gains

@@ -16,8 +16,8 @@ That is a symmetry when every norm commutes with R:
   fold the gain g of each norm into the maps that read it (SliceGPT's computational invariance): W -> W
   diag(g), bias -> bias / g, g -> 1. Post-LN families (the norm output is the stream itself) cannot.
 Folding, then unfolding with other gains t (W -> W diag(1/t), bias -> bias * t, gain -> t), is itself a
-symmetry of a pre-norm model: matched models are unfolded with the anchor's gains, so the source's norms
-end equal to the anchor's and the folded model is what a merge averages. A final norm read by a tied
+symmetry of a pre-norm model: matched models are unfolded with the gains, per coordinate, that bring them
+closest to the anchor as stored (matching/residual.py, gauge_gains). A final norm read by a tied
 lm_head does not fold (lm_head is the embedding table): there only (signed) permutations apply.
 """
 from __future__ import annotations

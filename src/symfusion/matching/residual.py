@@ -15,6 +15,15 @@ linearised at the current map: M += Y R X^T + Y^T R X.
 The stream's activations give another estimate: the cross-covariance C = sum_tokens h_a h_s^T of the two
 models' residual streams at the same inputs (after the embeddings; centred for LayerNorm, whose
 mean-centring makes the all-ones direction invisible), solved in the same group.
+
+The gauge: once the stream is moved (and the pre-norms folded), any gain t != 0 per coordinate unfolds it
+exactly (the norm's gain and bias times t, its readers' columns divided by t). gauge_gains picks, per norm and
+coordinate, the t closest to the anchor as stored, the paper's rescaling problem (eq. 12) for one coordinate:
+    f(t) = A t^2 - 2 B t + D / t^2 - 2 E / t,
+A = 1 + beta^2 and B = g_a + beta b_a (the folded norm: gain 1, bias beta; the anchor's gain g_a and bias b_a),
+D = sum_k |u_k|^2 and E = sum_k <u_k, a_k> over the readers' columns (u: moved source, a: anchor). Taking the
+anchor's gains instead (t = g_a) would divide the readers' columns by g_a: a real checkpoint with near-zero
+gains (SmolLM2-135M) then had its matched weights 250 times farther from the anchor than before matching.
 """
 from __future__ import annotations
 
@@ -24,8 +33,9 @@ import torch
 
 from symfusion.errors import SymfusionError
 from symfusion.matching.permutation import max_assignment
+from symfusion.matching.rescale import best_scales
 from symfusion.matching.rotation import polar_factor_svd
-from symfusion.stream import StreamLayout, centred_basis, centred_map
+from symfusion.stream import NormFold, StreamLayout, centred_basis, centred_map
 
 GROUPS = ("permutation", "signed_permutation", "orthogonal", "orthogonal_centred")
 
@@ -100,3 +110,20 @@ def activation_cross(anchor_states: torch.Tensor, source_states: torch.Tensor, s
     if stream.norm == "layernorm":
         a, s = a - a.mean(dim=1, keepdim=True), s - s.mean(dim=1, keepdim=True)
     return a.T @ s
+
+
+def gauge_gains(moved: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor],
+                folds: tuple[NormFold, ...]) -> dict[str, torch.Tensor]:
+    """Per folded norm, the gains (d,) float64 that unfold the moved source closest to the anchor; `moved`: the
+    moved source, folded and canonical; `anchor`: the anchor, canonical as stored (the module docstring)."""
+    gains = {}
+    for fold in folds:
+        a = torch.ones_like(anchor[fold.gain], dtype=torch.float64)
+        b = anchor[fold.gain].double().clone()
+        if fold.bias:
+            beta = moved[fold.bias].double()
+            a, b = a + beta ** 2, b + beta * anchor[fold.bias].double()
+        d = sum(moved[k].double().pow(2).sum(0) for k in fold.readers)                     # (hidden,) per column
+        e = sum((moved[k].double() * anchor[k].double()).sum(0) for k in fold.readers)
+        gains[fold.gain] = best_scales(a.numpy(), b.numpy(), d.numpy(), e.numpy())
+    return gains

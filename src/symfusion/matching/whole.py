@@ -14,8 +14,10 @@ confirm it (measured: permutations stay at the identity). R starts instead from 
 touches (embeddings, norms, writer biases, the head), or from the two models' residual activations after
 the embeddings (residual_solve=activations). The paper's own block matching, without a residual map, is a
 candidate too, so the result is never farther from the anchor (in the folded gauge) than it. The source
-is finally unfolded with the anchor's gains: its norms equal the anchor's, and a merge averages the
-folded models (exactly, for the linear path and simple averaging).
+is finally unfolded with the gains closest to the anchor as stored (matching/residual.py, gauge_gains), and
+the paper's block matching is taken instead when it is closer as stored: where norms hold gains near zero,
+the folded gauge prices their coordinates near zero too, and a small rotation that mixes them with live ones
+(cheap when folded) grows by 1/gain once unfolded (two close models, a fine-tune and its base, show it).
 """
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching.compose import MatchConfig, MatchResult, StageClock, match_blocks
 from symfusion.matching.learned import refine_by_loss
-from symfusion.matching.residual import activation_cross, residual_cross, residual_group, solve_residual
-from symfusion.measures import squared_difference
+from symfusion.matching.residual import (activation_cross, gauge_gains, residual_cross, residual_group,
+                                         solve_residual)
+from symfusion.measures import distance, squared_difference
 from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout
-from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
+from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks, apply_transform
 
 MAX_ITERATIONS = 50
 REL_TOL = 1e-4          # stop when one alternation lowers the distance by less than this fraction
@@ -106,6 +109,21 @@ def initial_map(fs: dict, fa: dict, source: Mapping, anchor: Mapping, layout: Mo
     return solve_residual(m, group, g)
 
 
+def unfolded(fs: Mapping, anchor: Mapping, layout: ModelLayout, stream: StreamLayout, r: torch.Tensor,
+             blocks: Transform) -> Transform:
+    """The whole transform of a candidate (r, blocks) found in the folded gauge: unfolded with the gains closest to
+    the anchor as stored (gauge_gains); fs: the folded canonical source."""
+    gains = gauge_gains(apply_blocks(rotate_stream(fs, stream, r), layout, blocks.layers), layout.canonical(anchor),
+                        stream.folds)
+    return Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
+                     residual=ResidualMap(r, gains))
+
+
+def stored_distance(source: Mapping, anchor: Mapping, layout: ModelLayout, transform: Transform) -> float:
+    """|T(source) - anchor| as stored: what the match reports, and what a merge of the stored weights sees."""
+    return distance(apply_transform(source, layout, transform), anchor, layout)["total"]
+
+
 @torch.no_grad()
 def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], layout: ModelLayout,
                 config: MatchConfig, data: MatchData | None = None, tied: bool | None = None) -> MatchResult:
@@ -119,12 +137,12 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     fs = fold_norms(layout.canonical(source), stream.folds)
     fa = fold_norms(layout.canonical(anchor), stream.folds)
     fa.pop(stream.tied_copy, None)                       # the embeddings count once in every distance and product
-    gains = {f.gain: layout.canonical(anchor)[f.gain].detach().clone() for f in stream.folds}
 
     # candidate 0: the block matching alone (for the paper's encoders, the paper's matching), no residual map
     paper = match_blocks(source, anchor, layout, dataclasses.replace(config.blocks(), heads=None), clock=clock)
-    best = (folded_distance(apply_blocks(fs, layout, paper.transform.layers), fa),
-            torch.eye(stream.hidden, dtype=torch.float64), paper.transform, "paper")
+    eye = torch.eye(stream.hidden, dtype=torch.float64)
+    best = (folded_distance(apply_blocks(fs, layout, paper.transform.layers), fa), eye, paper.transform, "paper")
+    paper_candidate = unfolded(fs, anchor, layout, stream, eye, paper.transform)
     start = best[0]
     with clock("residual"):
         r = initial_map(fs, fa, source, anchor, layout, stream, group, config, data)
@@ -145,6 +163,9 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
             m, g = residual_cross(apply_blocks(fs, layout, previous), fa, stream, current=r)
             r = solve_residual(m, group, g)
     distance, r, blocks, chosen = best
+    if chosen != "paper" and stored_distance(source, anchor, layout, paper_candidate) <= \
+            stored_distance(source, anchor, layout, unfolded(fs, anchor, layout, stream, r, blocks)):
+        r, blocks, chosen = eye, paper.transform, "paper, closer as stored"
     info = {"group": group, "residual_solve": config.residual_solve, "folded_distance_blocks_only": start,
             "descent": history, "folded_distance": distance, "chosen": chosen,
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final}
@@ -154,6 +175,5 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
                                                        config.refine_steps)
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-    transform = Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
-                          residual=ResidualMap(r, gains))
+    transform = unfolded(fs, anchor, layout, stream, r, blocks)
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)

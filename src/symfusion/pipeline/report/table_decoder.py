@@ -134,10 +134,16 @@ def decoder_rows(paths: list[str], experiment: Experiment) -> list[dict]:
     return rows
 
 
+def nats(x: float) -> str:
+    """A loss difference: 3 decimals, or 2 significant digits when it is smaller than that shows (fine-tunes of one
+    checkpoint differ by 1e-6 nats)."""
+    return f"{x:+.3f}" if x == 0 or abs(x) >= 5e-4 else f"{x:+.1e}"
+
+
 def shown(row: dict, experiment: Experiment) -> dict:
     """A row as the Markdown table shows it: labels, 3 decimals, the effect with its interval in one cell."""
-    effect = "" if row.get("effect") is None else (f"{row['effect']:+.3f} [{row['effect_low']:+.3f}, "
-                                                    f"{row['effect_high']:+.3f}]")
+    effect = "" if row.get("effect") is None else (f"{nats(row['effect'])} [{nats(row['effect_low'])}, "
+                                                    f"{nats(row['effect_high'])}]")
     versus = "" if row.get("vs_symfusion") is None else (f"loss {row['vs_symfusion']:+.1e}, weights max "
                                                           f"{row['max_weight_difference']:.1e}")
     method = row.get("method")
