@@ -107,6 +107,26 @@ def test_table_d1_gives_token_weighted_losses_effects_with_intervals_and_verdict
     assert "mergekit's simple merge equals symfusion's to float32 rounding" in line and "unigram baseline 665.1" in line
 
 
+def test_mergekit_is_compared_with_symfusions_merge_of_the_same_pairs(decoder_inputs):
+    """mergekit merges the first pair only (its registry entry: pairs: first); symfusion's merges cover every pair.
+    Its loss is compared with symfusion's merge of that pair, not with the mean over all of them."""
+    root, paths = decoder_inputs
+    for method in ("simple", "fisher", "regmean"):
+        for matching in ("none", "git_rebasin", "rotation", "full_symmetry"):
+            data = json.loads(Path(next(p for p in paths if p.endswith(f"/{matching}/{method}.json"))).read_text())
+            data["merged_models"] = [str(root / "models" / "seed0"),
+                                     str(root / ("models/seed2" if matching == "none" else f"matched/seed2-onto-seed0/{matching}"))]
+            for result in data["results"]:
+                result["per_example"]["loss"] = [x + 0.3 * n for x, n in zip(result["per_example"]["loss"], TOKENS)]
+                result["metrics"]["loss"] += 0.3                                # 0.3 nats per token worse
+            paths.append(write(root / "eval" / "seed2-onto-seed0" / matching / f"{method}.json", data))
+    rows = run_report("table_decoder", paths, str(root / "table_decoder.csv"))
+    kit = next(r for r in rows if r.get("client") == "mergekit")
+    assert kit["vs_symfusion"] == pytest.approx(1e-7, abs=1e-12) and kit["pairs"] == 1
+    own = next(r for r in rows if (r.get("method"), r.get("matching"), r.get("client")) == ("simple", "full_symmetry", "symfusion"))
+    assert own["pairs"] == 2 and own["loss"] == pytest.approx(kit["loss"] + 0.15, abs=1e-6)
+
+
 def test_table_d1_refuses_a_matching_its_entry_does_not_declare(decoder_inputs):
     root, paths = decoder_inputs
     paths.append(merged(root, "simple", "attn_only", {"lm_english": BASE}))

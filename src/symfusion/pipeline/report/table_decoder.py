@@ -98,7 +98,11 @@ def merge_row(task: str, client: str, method: str, matching: str, runs: dict, me
             row["effect_spread_over_pairs"] = found["spread"]
     own = merges.get((CLIENT, method, matching))
     if client != CLIENT and own is not None:
-        row["vs_symfusion"] = loss - mean_loss(own, task)
+        shared = {pair: own[pair] for pair in runs if pair in own}         # another client may merge fewer pairs
+        if not shared:
+            raise SymfusionError(f"the {method} merge by {client} after {matching} shares no model pair with "
+                                 "symfusion's own; pass symfusion's merge of the same pair")
+        row["vs_symfusion"] = mean_loss(runs, task) - mean_loss(shared, task)
         row["max_weight_difference"] = max(d.get("mergekit", {}).get("max_abs_difference_vs_symfusion", math.nan)
                                            for d in runs.values())
         row["within_float32_rounding"] = all(d.get("mergekit", {}).get("within_float32_rounding_of_symfusion")
