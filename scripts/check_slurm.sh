@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Run a pipeline profile through SLURM (workflow/profiles/slurm, snakemake-executor-plugin-slurm) on a
-# single-node test cluster (scripts/slurm_cluster.sh) and check it: every job of a rule that declares a GPU
-# (`resources: gpu=1`) asked SLURM for one, got one and ran in the GPU partition, no other job did, and the
-# run's tables and figure data equal a local run of the same profile exactly (symfusion-compare --exact).
-# Needs root (it starts the cluster) and the local run first (CI: .ci/run's local run of a slice of the
-# rehearsal profile); only the artefacts that local run made are compared.
+# Run a pipeline profile (or a slice of it) through SLURM (workflow/profiles/slurm, snakemake-executor-plugin-slurm)
+# on a single-node test cluster (scripts/slurm_cluster.sh) and check it: every job of a rule that declares a GPU
+# (`resources: gpu=1`) asked SLURM for one, got one and ran in the GPU partition, no other job did, every rule
+# of the workflow had at least one job through SLURM, and the run's tables and figure data equal a local run of
+# the same profile exactly (symfusion-compare --exact).
+# Needs root (it starts the cluster) and the local run first (CI: .ci/run's interrupted local run of the whole
+# rehearsal profile); the artefacts both runs made are compared.
 #
-#   bash scripts/check_slurm.sh [PROFILE] [--results DIR] [--figures DIR]
-#                               [--reference DIR] [--reference-figures DIR] [--tolerance X]
+#   bash scripts/check_slurm.sh [PROFILE] [--results DIR] [--figures DIR] [--reference DIR]
+#                               [--reference-figures DIR] [--tolerance X] [--skip-rules RULE,...] [TARGET ...]
 #
 # PROFILE: conf/profile/PROFILE.yaml (default smoke). The run writes to DIR/PROFILE of --results and --figures
 # (default ci_slurm/results and ci_slurm/figures; they must not hold a run of PROFILE yet), its logs to ci_slurm/.
 # It is compared with --reference (default results/PROFILE) and --reference-figures (default figures/PROFILE),
 # exactly unless --tolerance is given (e.g. to compare with a committed reference/PROFILE run instead).
+# TARGETs (default: the profile's whole DAG) make it a slice: an experiment of conf/experiments.yaml by name (its
+# table or figure) or a file by its path inside the run's results/PROFILE folder. Every rule but `all` and those of
+# --skip-rules must still have a job in the slice (a rule that waits for the whole DAG, `report`, cannot).
 # A cluster this script starts is stopped at the end; one already running is left running.
 #
 # What the test cluster needs beyond a real cluster's is set here, not in the profile: its partitions and
@@ -23,21 +27,23 @@ cd "$(dirname "$0")/.."
 
 error() { echo "error: $*" >&2; exit 1; }
 
-profile=smoke out=ci_slurm results="" figures="" reference="" reference_figures="" tolerance=""
+profile="" out=ci_slurm results="" figures="" reference="" reference_figures="" tolerance="" skip_rules=""
+targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --results|--figures|--reference|--reference-figures|--tolerance)
+    --results|--figures|--reference|--reference-figures|--tolerance|--skip-rules)
       [ $# -ge 2 ] && [ -n "$2" ] || error "$1 needs a value"
       case "$1" in
         --results) results=$2 ;; --figures) figures=$2 ;; --reference) reference=$2 ;;
-        --reference-figures) reference_figures=$2 ;; --tolerance) tolerance=$2 ;;
+        --reference-figures) reference_figures=$2 ;; --tolerance) tolerance=$2 ;; --skip-rules) skip_rules=$2 ;;
       esac
       shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     -*) error "unknown option $1 (see: bash scripts/check_slurm.sh --help)" ;;
-    *) profile=$1; shift ;;
+    *) if [ -z "$profile" ]; then profile=$1; else targets+=("$1"); fi; shift ;;
   esac
 done
+profile=${profile:-smoke}
 [ -f "conf/profile/$profile.yaml" ] || error "no pipeline profile '$profile' (conf/profile/$profile.yaml)"
 results=${results:-$out/results}
 figures=${figures:-$out/figures}
@@ -76,22 +82,55 @@ finish() {
 trap finish EXIT
 eval "$(bash scripts/slurm_cluster.sh env)"
 
-# Every rule the profile sizes must exist in the workflow (Snakemake ignores unknown names silently).
+# Every rule the profile sizes must exist in the workflow (Snakemake ignores unknown names silently); every rule but
+# `all` and --skip-rules must get a job through SLURM (required_rules, checked after the run).
 snakemake --list-rules --workflow-profile none --config profile="$profile" > "$out/rules.txt" 2>"$out/rules.log" \
   || { cat "$out/rules.log" >&2; error "snakemake --list-rules failed"; }
-python - "$out/rules.txt" <<'PY'
+required_rules=$(python - "$out/rules.txt" "$skip_rules" <<'PY'
 import sys, yte
 rules = set(open(sys.argv[1]).read().split())
+skipped = {rule for rule in sys.argv[2].split(",") if rule}
 with open("workflow/profiles/slurm/config.yaml") as handle:
     profile = yte.process_yaml(handle, require_use_yte=True)
-unknown = sorted(set(profile.get("set-resources") or {}) - rules)
+unknown = sorted((set(profile.get("set-resources") or {}) | skipped) - rules)
 if unknown:
-    sys.exit(f"error: workflow/profiles/slurm/config.yaml sets resources for rules the workflow does not have: {', '.join(unknown)}")
+    sys.exit(f"error: workflow/profiles/slurm/config.yaml or --skip-rules names rules the workflow does not have: {', '.join(unknown)}")
+print(",".join(sorted(rules - skipped - {"all"})))
 PY
+)
+
+# The slice's targets as the run's files (an experiment: its table or figure CSV), and the artefacts to compare:
+# the experiments symfusion-compare checks that the reference holds and, in a slice, the targets name.
+resolved=$(python - "$results/$profile" "$figures/$profile" "$reference" "$reference_figures" "${targets[@]}" <<'PY'
+import os, sys, yaml
+results, figures, reference, reference_figures, targets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+with open("conf/experiments.yaml") as handle:
+    registry = yaml.safe_load(handle)
+def folders(name):
+    return (figures, reference_figures) if registry[name]["kind"] == "figure" else (results, reference)
+files = []
+for target in targets:
+    if target in registry:
+        files.append(os.path.join(folders(target)[0], f"{target}.csv"))
+    elif target.startswith("/") or ".." in target.split("/"):
+        sys.exit(f"error: target {target!r} is neither an experiment of conf/experiments.yaml nor a path inside results/<profile>")
+    else:
+        files.append(os.path.join(results, target))
+named = [t for t in targets if t in registry] if targets else list(registry)
+compared = [name for name in named if registry[name].get("compare")
+            and os.path.exists(os.path.join(folders(name)[1], f"{name}.csv"))]
+print(",".join(f"{name}.csv" for name in compared))
+print("\n".join(files))
+PY
+) || exit 1
+only=$(head -1 <<<"$resolved")
+mapfile -t target_files < <(tail -n +2 <<<"$resolved" | sed '/^$/d')
+[ -n "$only" ] || [ ${#target_files[@]} -gt 0 ] \
+  || error "nothing to compare: the targets name no experiment that $reference holds"
 
 echo "check_slurm: running profile '$profile' through workflow/profiles/slurm (log: $out/snakemake.log)"
 begin=$(date +%s)
-if ! snakemake --workflow-profile workflow/profiles/slurm \
+if ! snakemake --workflow-profile workflow/profiles/slurm "${target_files[@]}" \
      --config profile="$profile" results_dir="$results" figures_dir="$figures" \
      --slurm-status-command squeue --slurm-init-seconds-before-status-checks 1 \
      --slurm-logdir "$out/slurm_logs" > "$out/snakemake.log" 2>&1; then
@@ -104,18 +143,45 @@ scontrol show job -d -o > "$out/scontrol.txt"
 # What SLURM made of each job (scontrol: GPU request, allocation, partition), against what Snakemake
 # asked for (its log: each job's rule and resources, and the SLURM job id it got).
 python scripts/check_slurm_jobs.py "$out/snakemake.log" "$out/scontrol.txt" \
-  "$SYMFUSION_SLURM_PARTITION" "$SYMFUSION_SLURM_GPU_PARTITION" "$profile" "$seconds"
+  "$SYMFUSION_SLURM_PARTITION" "$SYMFUSION_SLURM_GPU_PARTITION" "$profile" "$seconds" --rules "$required_rules"
 
-# The same tables and figure data as the local run: every file of the reference exists, and agrees.
-for pair in "$reference:$results/$profile" "$reference_figures:$figures/$profile"; do
-  for ref_file in "${pair%%:*}"/*.csv; do
-    [ -e "$ref_file" ] || continue
-    [ -s "${pair#*:}/$(basename "$ref_file")" ] || error "the SLURM run made no ${pair#*:}/$(basename "$ref_file")"
-  done
-done
+# The same tables and figure data as the local run (symfusion-compare fails on an artefact the run lacks).
 compare=(--exact); [ -n "$tolerance" ] && compare=(--tolerance "$tolerance")
-# the artefacts the reference holds (all of them, or those of a local run of a slice of the DAG)
-only=$(ls "$reference" "$reference_figures" \
-       | grep -E '^(table1|table2|multimodel|fig3_ablation|fig4_distance|fig5_barrier|fig6_layers)\.csv$' | paste -sd, -)
-symfusion-compare "$results/$profile" --figures "$figures/$profile" \
-  --reference "$reference" --reference-figures "$reference_figures" --only "$only" "${compare[@]}"
+if [ -n "$only" ]; then
+  echo "check_slurm: comparing ${only//,/, } with $reference"
+  symfusion-compare "$results/$profile" --figures "$figures/$profile" \
+    --reference "$reference" --reference-figures "$reference_figures" --only "$only" "${compare[@]}"
+fi
+# A slice's targets that are a job's result files: their numbers (metrics, per-example results, loss path,
+# barriers) equal the local run's, within the same tolerance, the paths in them up to the run's folder; seconds,
+# provenance and the merged models' paths may differ.
+python - "$results/$profile" "$reference" "${tolerance:-0}" "${target_files[@]}" <<'PY'
+import json, math, os, sys
+run, reference, tolerance, files = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+NUMBERS = ("metrics", "results", "path", "barrier", "barrier_linear", "examples")
+def same(a, b):
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tolerance
+    if isinstance(a, str) and isinstance(b, str):      # a path names its own run's folder
+        return a.replace(run, reference) == b
+    return a == b
+problems = 0
+for path in files:
+    if not path.endswith(".json") or not path.startswith(run + "/"):
+        continue
+    relative = os.path.relpath(path, run)
+    with open(path) as ours, open(os.path.join(reference, relative)) as theirs:
+        mine, local = json.load(ours), json.load(theirs)
+    keys = [key for key in NUMBERS if key in mine or key in local]
+    differ = [key for key in keys if not same(mine.get(key), local.get(key))]
+    if not keys or differ:
+        problems += 1
+        print(f"error: {relative}: {'no numbers to compare' if not keys else 'differs in ' + ', '.join(differ)}", file=sys.stderr)
+    else:
+        print(f"check_slurm: {relative}: {', '.join(keys)} agree with the local run")
+sys.exit(1 if problems else 0)
+PY

@@ -1,6 +1,7 @@
 """What SLURM made of each job of a Snakemake run, against what Snakemake asked for (scripts/check_slurm.sh).
 
     python scripts/check_slurm_jobs.py SNAKEMAKE_LOG SCONTROL_OUTPUT CPU_PARTITION GPU_PARTITION [PROFILE SECONDS]
+                                       [--rules RULE,RULE,...]
 
 SNAKEMAKE_LOG is the log of a run with the slurm executor: each job's block ("rule NAME:", "jobid: N",
 "resources: ..., gpu=1") and the plugin's "SLURM run ID: X" and "Job N has been submitted with SLURM jobid M"
@@ -8,7 +9,9 @@ lines. SCONTROL_OUTPUT is `scontrol show job -d -o` taken after the run (one job
 are those named X). A job whose resources ask for a GPU (gpu=N > 0, or a gres with gpu) must have requested
 one from SLURM (TresPerJob/TresPerNode/TresPerTask gres:gpu), been allocated one (JOB_GRES) and run in
 GPU_PARTITION; every other job none of these and CPU_PARTITION. Its SLURM comment must name its rule. The
-run must have jobs of both kinds. Prints one line per rule and the totals; exit 1 with `error:` lines.
+run must have jobs of both kinds, and with --rules at least one job of every rule named there (a run of a slice
+of a DAG must still take every rule through SLURM). Prints one line per rule and the totals; exit 1 with
+`error:` lines.
 """
 from __future__ import annotations
 
@@ -50,8 +53,9 @@ def asks_for_gpu(resources: str) -> bool:
     return bool(gpu and int(gpu.group(1)) > 0) or bool(gres and "gpu" in gres.group(1))
 
 
-def check(log: str, scontrol: str, cpu_partition: str, gpu_partition: str):
-    """(rows, number of jobs, number of GPU jobs, problems); rows: (rule, gpu, partition, request, allocation) -> jobs."""
+def check(log: str, scontrol: str, cpu_partition: str, gpu_partition: str, rules: tuple[str, ...] = ()):
+    """(rows, number of jobs, number of GPU jobs, problems); rows: (rule, gpu, partition, request, allocation) -> jobs.
+    `rules`: the rules of which the run must have submitted at least one job."""
     run_id = re.search(r"SLURM run ID: (\S+)", log)
     if not run_id:
         return {}, 0, 0, ["no 'SLURM run ID' in the snakemake log: did the slurm executor run?"]
@@ -102,16 +106,22 @@ def check(log: str, scontrol: str, cpu_partition: str, gpu_partition: str):
               f"JOB_GRES={allocation}" if allocated else "-")] += 1
     if not gpu_jobs or not cpu_jobs:
         problems.append(f"the run has {gpu_jobs} GPU and {cpu_jobs} CPU jobs: the check needs both to mean anything")
+    missing = sorted(set(rules) - {row[0] for row in rows})
+    if missing:
+        problems.append(f"no job of the rule(s) {', '.join(missing)} went through SLURM: add a target that needs one")
     return rows, len(submitted), gpu_jobs, problems
 
 
 def main(argv: list[str]) -> int:
+    rules: tuple[str, ...] = ()
+    if len(argv) >= 2 and argv[-2] == "--rules":
+        rules, argv = tuple(rule for rule in argv[-1].split(",") if rule), argv[:-2]
     if len(argv) not in (4, 6):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: " + " ".join(__doc__.strip().splitlines()[2].split()) + " [--rules RULE,RULE,...]", file=sys.stderr)
         return 2
     log_path, scontrol_path, cpu_partition, gpu_partition = argv[:4]
     with open(log_path) as handle, open(scontrol_path) as other:
-        rows, total, gpu_jobs, problems = check(handle.read(), other.read(), cpu_partition, gpu_partition)
+        rows, total, gpu_jobs, problems = check(handle.read(), other.read(), cpu_partition, gpu_partition, rules)
     if rows:
         print(f"{'rule':<24} {'jobs':>4}  {'gpu':<3} {'partition':<10} {'request (scontrol)':<22} allocation")
         for (rule, gpu, partition, requested, allocated), count in sorted(rows.items(),

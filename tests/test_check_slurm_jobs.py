@@ -84,3 +84,25 @@ def test_gres_resource_counts_as_a_gpu():
     assert check_slurm_jobs.asks_for_gpu("tmpdir=<TBD>, gres=gpu:a100:1, runtime=5")
     assert not check_slurm_jobs.asks_for_gpu("tmpdir=<TBD>, gpu=0, runtime=5")
     assert not check_slurm_jobs.asks_for_gpu("tmpdir=<TBD>, cpus_per_gpu=4")
+
+
+def test_a_slice_must_take_every_named_rule_through_slurm():
+    """A run of a slice of the DAG (CI: the rehearsal's slice) passes only when every required rule had a job."""
+    rows, _, _, problems = check_slurm_jobs.check(LOG, "\n".join((GPU_JOB, CPU_JOB)) + "\n", "debug", "debug_gpu",
+                                                  rules=("train", "data"))
+    assert problems == [] and {row[0] for row in rows} == {"train", "data"}
+    _, _, _, problems = check_slurm_jobs.check(LOG, "\n".join((GPU_JOB, CPU_JOB)) + "\n", "debug", "debug_gpu",
+                                               rules=("train", "data", "barrier", "match"))
+    assert problems == ["no job of the rule(s) barrier, match went through SLURM: add a target that needs one"]
+
+
+def test_the_command_line_takes_the_rules(tmp_path, capsys):
+    log, scontrol = tmp_path / "snakemake.log", tmp_path / "scontrol.txt"
+    log.write_text(LOG)
+    scontrol.write_text("\n".join((GPU_JOB, CPU_JOB)) + "\n")
+    args = [str(log), str(scontrol), "debug", "debug_gpu", "slice", "61"]
+    assert check_slurm_jobs.main(args + ["--rules", "train,data"]) == 0
+    assert "SLURM run of 'slice': 2 jobs (1 with a GPU) in 1 min 1 s" in capsys.readouterr().out
+    assert check_slurm_jobs.main(args + ["--rules", "train,report"]) == 1
+    assert "error: no job of the rule(s) report went through SLURM" in capsys.readouterr().err
+    assert check_slurm_jobs.main(args[:3]) == 2
