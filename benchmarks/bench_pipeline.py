@@ -31,9 +31,9 @@ import torch
 
 GEMM_N = 2048
 # The mini profile's cost in units of the calibration GEMM's work (CPU seconds x GFLOP/s, in TFLOP): the range
-# measured from clean clones on machines of this kind (README, "Quick start": 124-146 before the whole-symmetry
-# variants and the decoder track, which add about 27; 167 measured with them); on 2 cores a run keeps 1.9 busy.
-MINI_COST_TFLOP = (150.0, 175.0)
+# measured from clean clones on machines of this kind (README, "Quick start": 167 on an AMD EPYC Zen 4, 211-223 on
+# a Zen 3, which pays more per GEMM-equivalent and whose rate varies 67-85 GFLOP/s); on 2 cores a run keeps 1.9 busy.
+MINI_COST_TFLOP = (165.0, 225.0)
 BUSY_PER_CORE = 0.95
 
 
