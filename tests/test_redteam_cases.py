@@ -175,9 +175,12 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
         tiny_model("bert", seed=seed, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
                    num_attention_heads=8).save_pretrained(str(tmp_path / name))
     out = tmp_path / "out"
+    # as from a terminal: SIGINT's default disposition (a test run started in the background, e.g. `bash .ci/run &`,
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the match ran to its end)
     process = subprocess.Popen([sys.executable, "-c", "from symfusion.cli import match_main as m; m()",
                                 f"source={tmp_path / 'b'}", f"anchor={tmp_path / 'a'}", f"output={out}"],
-                               stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
+                               stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / ".out.lock").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
