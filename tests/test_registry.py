@@ -111,25 +111,23 @@ def test_an_on_demand_entry_is_built_by_its_own_target_only():
     assert all("/decoder_ft/smollm2_135m/" in j["output"][0] for rule in ("train", "match") for j in jobs[rule])
 
 
-
 def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():
     """reference/mini is what `symfusion-compare results/mini` reads: every artefact the mini profile builds (the
     default target's and the on-demand ones) is there with all its files, and report.md links only files that are.
     (Figure D's files were once missing, so a fresh run's compare failed on them.)"""
     reference = ROOT / "reference" / "mini"
-    targets = (expected_targets("mini", "R", "F") + expected_targets("mini", "R", "F", on_demand=True))
     missing = []
-    for target in targets:
-        folder, stem = (reference, Path(target).stem) if target.startswith("R/") else (reference / "figures",
-                                                                                         Path(target).stem)
-        suffixes = (".csv", ".md") if target.startswith("R/") else (".csv", ".png", ".pdf")
-        missing += [str(folder / f"{stem}{s}") for s in suffixes if not (folder / f"{stem}{s}").is_file()]
+    for target in expected_targets("mini", "R", "F") + expected_targets("mini", "R", "F", on_demand=True):
+        entry = experiment(Path(target).stem)
+        folder = reference if entry.kind == "table" else reference / "figures"
+        missing += [str(path) for path in entry.files(folder / entry.name) if not path.is_file()]
     assert missing == []
     assert (reference / "provenance.json").is_file()
     links = re.findall(r"\]\((?!https?:)([^)#]+)\)", (reference / "report.md").read_text())
     # report.md sits in results/mini and links figures/mini/<name> as ../../figures/mini/<name>
     here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
     assert here and [str(path) for path in here if not path.is_file()] == []
+
 
 def test_a_profile_switches_an_experiment_off_by_name(tmp_path):
     """smoke without Figure 6: no figure job and no layer sweep, and the report does not wait for it."""
