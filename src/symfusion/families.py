@@ -3,7 +3,7 @@ two configs are of one family and shape.
 
 A family entry is data only (module names, residual axes, body/head boundary, flags), as mergekit's
 per-architecture definitions; arch.py builds a model's layout from it. Adding a family is one entry here
-(README: "Adding a model family").
+(docs/architecture.md, "Where to add things").
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ DIFFERENCES = {
     ],
     "smoke": ["Smoke profile: tiny data slices and barely trained models; the numbers only show the pipeline runs."],
     "paper": ["Paper profile: the paper's models and data; splits of the emotion datasets are our own "
-              "(the paper's are unpublished), see README's data card."],
+              "(the paper's are unpublished), see docs/data_card.md."],
 }
 
 
