@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from symfusion import cli
+from symfusion.pipeline import cli
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

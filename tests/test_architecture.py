@@ -17,7 +17,7 @@ LAYERS = [
     ("data sources", ["symfusion.pipeline.data"]),
     ("tasks", ["symfusion.pipeline.tasks"]),
     ("stages and report", ["symfusion.pipeline.stages", "symfusion.pipeline.report"]),
-    ("entry points", ["symfusion.cli"]),
+    ("entry points", ["symfusion.pipeline.cli"]),
 ]
 
 
@@ -64,7 +64,7 @@ def test_the_folder_tree_shows_library_and_pipeline():
     names = set(modules())
     library = {n for n in names if layer_of(n) == 0}
     assert {"symfusion.arch", "symfusion.families", "symfusion.symmetry", "symfusion.matching", "symfusion.fusion",
-            "symfusion.api", "symfusion.sharded", "symfusion.measures", "symfusion.interpolation"} <= library
+            "symfusion.api", "symfusion.io.sharded", "symfusion.measures", "symfusion.interpolation"} <= library
     assert {"symfusion.pipeline.warm", "symfusion.pipeline.allocator", "symfusion.pipeline.revisions",
             "symfusion.pipeline.stages", "symfusion.pipeline.report", "symfusion.pipeline.tasks",
             "symfusion.pipeline.data", "symfusion.pipeline.data.standins"} <= names - library
@@ -75,7 +75,7 @@ def test_the_folder_tree_shows_library_and_pipeline():
 def test_no_symfusion_import_inside_a_function_outside_the_cli():
     nested = []
     for name, tree in modules().items():
-        if name == "symfusion.cli":
+        if name == "symfusion.pipeline.cli":
             continue       # its entry points import their own stage lazily (cheap start-up per job)
         for function in ast.walk(tree):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):

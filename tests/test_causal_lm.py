@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 import symfusion.pipeline.data.text.lm as lm
-from symfusion import cli
+from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
-from symfusion.modelio import load_model, load_tokenizer
+from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline import uncertainty
 from symfusion.pipeline.data.text.bpe import END_OF_TEXT, tokenizer_digest, train_bpe
 from symfusion.pipeline.stages.barrier import run_barrier

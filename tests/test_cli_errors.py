@@ -156,7 +156,7 @@ def snapshot(root: Path) -> list:
 
 
 def run(command: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", f"from symfusion.cli import {command}_main as m; m()", *args],
+    return subprocess.run([sys.executable, "-c", f"from symfusion.pipeline.cli import {command}_main as m; m()", *args],
                           capture_output=True, text=True, timeout=300, env=ENV)
 
 

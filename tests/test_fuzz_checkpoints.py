@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from symfusion import cli
+from symfusion.pipeline import cli
 from tiny_models import tiny_model
 
 CASES = 40

@@ -8,16 +8,16 @@ from omegaconf import OmegaConf
 
 import symfusion.pipeline.data.text as text_data
 from symfusion.pipeline.basemodels import resolve_base_model
-from symfusion.config import CONF_DIR
+from symfusion.pipeline.config import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.stages.evaluate import run_evaluate
 from symfusion.pipeline.stages.layers import averaged_body, body_keys, run_layer_sweep, subsets
 from symfusion.pipeline.tasks.text_encoding import evaluate_text_model
 from symfusion.pipeline.stages.merge import run_merge, run_merge_evaluate
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 from symfusion.pipeline.tasks import TextTask, load_task, make_task, sized_task
 from symfusion.pipeline.tasks.text import finetune_text_model
-from symfusion.modelio import load_tokenizer
+from symfusion.io.modelio import load_tokenizer
 from test_train_text import FILLER, tokenizer
 from tiny_models import tiny_config
 

@@ -13,7 +13,7 @@ from symfusion.errors import SymfusionError
 from symfusion.pipeline.stages.match import run_match
 from symfusion.matching import matching_config
 from symfusion.measures import model_outputs, probe_inputs
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 from symfusion.symmetry import Transform, apply_transform
 from tiny_models import VARIANT_IDS, VARIANTS, randomize, tiny_model
 
@@ -144,7 +144,7 @@ def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
 def test_console_script(tmp_path):
     source = save(tiny_model("deberta-v2", seed=1), tmp_path / "s")
     anchor = save(tiny_model("deberta-v2", seed=2), tmp_path / "a")
-    cli = [sys.executable, "-m", "symfusion.cli"]
+    cli = [sys.executable, "-m", "symfusion.pipeline.cli"]
     ok = subprocess.run(cli + [f"source={source}", f"anchor={anchor}", f"output={tmp_path / 'o'}",
                                "matching=git_rebasin", "layers=[1]"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr

@@ -10,7 +10,7 @@ from symfusion.matching import MatchConfig, match_many, match_models, matching_c
 from symfusion.matching.rescale import best_scales, rescale_objective
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform, random_transform
-from symfusion.config import CONF_DIR, group_names
+from symfusion.pipeline.config import CONF_DIR, group_names
 from symfusion.matching.compose import StageClock, match_attention_rotation
 from symfusion.matching.permutation import max_assignment
 from symfusion.matching.rotation import polar_factor, polar_factor_svd

@@ -6,8 +6,8 @@ import pytest
 import transformers as tf
 from hydra import compose, initialize_config_dir
 
-from symfusion import cli
-from symfusion.config import CONF_DIR
+from symfusion.pipeline import cli
+from symfusion.pipeline.config import CONF_DIR
 from tiny_models import randomize
 
 

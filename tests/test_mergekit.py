@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 import symfusion
 from symfusion.fusion import merge_models
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 from tiny_decoders import tiny_decoder
 
 MERGEKIT = Path(sys.executable).parent / "mergekit-yaml"

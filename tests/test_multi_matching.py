@@ -282,7 +282,7 @@ def test_multimodel_cli_writes_the_models_of_matching_multi(tmp_path, multi):
 
 
     dirs = [save(tiny_model("vit", seed=s), tmp_path / f"m{s}") for s in range(3)]
-    cli = [sys.executable, "-c", "from symfusion.cli import multimodel_main; multimodel_main()",
+    cli = [sys.executable, "-c", "from symfusion.pipeline.cli import multimodel_main; multimodel_main()",
            f"models=[{','.join(dirs)}]", "matching=rotation", f"matching.multi={multi}"]
     ok = subprocess.run(cli + [f"output={tmp_path / 'r.json'}", f"output_models={tmp_path / 'out'}"],
                         capture_output=True, text=True, timeout=120)
@@ -301,7 +301,7 @@ def test_multimodel_cli_refuses_an_unknown_multi_method(tmp_path):
     import sys
 
     dirs = [save(tiny_model("bert", seed=s), tmp_path / f"m{s}") for s in range(2)]
-    cli = [sys.executable, "-c", "from symfusion.cli import multimodel_main; multimodel_main()",
+    cli = [sys.executable, "-c", "from symfusion.pipeline.cli import multimodel_main; multimodel_main()",
            f"models=[{','.join(dirs)}]", "matching.multi=mean", f"output={tmp_path / 'r.json'}"]
     bad = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2

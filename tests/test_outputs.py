@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from symfusion import outputs
+from symfusion.io import outputs
 from symfusion.errors import SymfusionError
-from symfusion.outputs import claim_output, file_marker, folder_marker, recover_leftovers, safe_output
+from symfusion.io.outputs import claim_output, file_marker, folder_marker, recover_leftovers, safe_output
 
 MARKER = file_marker(("value",))
 FOLDER = folder_marker("stage.json", ("value",))
@@ -140,7 +140,7 @@ def test_outputs_that_are_not_ours_to_write_are_refused(tmp_path, case):
 def test_a_second_writer_of_the_same_output_fails_clearly(tmp_path):
     first = claim_output(tmp_path / "model", "test", FOLDER, is_dir=True)
     try:
-        script = ("import sys; from symfusion.outputs import claim_output, folder_marker\n"
+        script = ("import sys; from symfusion.io.outputs import claim_output, folder_marker\n"
                   "from symfusion.errors import SymfusionError\n"
                   f"try:\n    claim_output({str(tmp_path / 'model')!r}, 'test', folder_marker('stage.json'), is_dir=True)\n"
                   "except SymfusionError as e:\n    print(e); sys.exit(2)\n")

@@ -18,9 +18,10 @@ import torch
 import transformers as tf
 
 import symfusion
-from symfusion import cli, sharded
+from symfusion.io import sharded
+from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
-from symfusion.sharded import ShardedFolder
+from symfusion.io.sharded import ShardedFolder
 from hostile import assert_refused, leftovers, outcome, snapshot
 from tiny_decoders import tiny_decoder
 from tiny_models import randomize, tiny_model
@@ -177,7 +178,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     out = tmp_path / "out"
     # as from a terminal: SIGINT's default disposition (a test run started in the background, e.g. `bash .ci/run &`,
     # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the match ran to its end)
-    process = subprocess.Popen([sys.executable, "-c", "from symfusion.cli import match_main as m; m()",
+    process = subprocess.Popen([sys.executable, "-c", "from symfusion.pipeline.cli import match_main as m; m()",
                                 f"source={tmp_path / 'b'}", f"anchor={tmp_path / 'a'}", f"output={out}"],
                                stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

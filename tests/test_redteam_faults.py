@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import symfusion
-from symfusion import cli, outputs, sharded
-from symfusion.outputs import foreign_entry
+from symfusion.io import outputs, sharded
+from symfusion.pipeline import cli
+from symfusion.io.outputs import foreign_entry
 from hostile import assert_refused, leftovers, outcome, snapshot
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model
@@ -117,7 +118,7 @@ def test_permissions_without_the_power_to_override_them(models, tmp_path):
                                   ("bert_b", tmp_path / "out", "permission denied")):
         result = subprocess.run(
             ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", sys.executable, "-c",
-             "from symfusion.cli import match_main as m; m()", f"source={tmp_path / source}",
+             "from symfusion.pipeline.cli import match_main as m; m()", f"source={tmp_path / source}",
              f"anchor={tmp_path / 'bert_a'}", f"output={out}"],
             capture_output=True, text=True, timeout=300, env=env)
         lines = result.stderr.strip().splitlines()

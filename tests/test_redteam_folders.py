@@ -15,7 +15,7 @@ import pytest
 import transformers as tf
 
 import symfusion
-from symfusion import cli
+from symfusion.pipeline import cli
 from hostile import (ACCEPTED, MUTATIONS, applicable, assert_refused, leftovers, outcome, snapshot)
 from tiny_decoders import tiny_decoder
 from tiny_models import randomize, tiny_model
@@ -123,7 +123,7 @@ def test_harmless_changes_give_a_correct_result_or_one_line(models, tmp_path, mu
             assert_refused(code, text, tmp_path, before, out, name)
             continue
         assert code in ("ok", 0), (name, text[-1500:])
-        dtypes = {k: v.dtype for k, v in symfusion.sharded.ShardedFolder(source).meta_state().items()}
-        assert {k: v.dtype for k, v in symfusion.sharded.ShardedFolder(out).meta_state().items()} == dtypes
+        dtypes = {k: v.dtype for k, v in symfusion.io.sharded.ShardedFolder(source).meta_state().items()}
+        assert {k: v.dtype for k, v in symfusion.io.sharded.ShardedFolder(out).meta_state().items()} == dtypes
         report = json.loads((out / "match.json").read_text())
         assert report.get("relative_output_change", report.get("max_block_relative_output_change")) < 1e-3

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from symfusion.config import CONF_DIR, group_names, load_group
+from symfusion.pipeline.config import CONF_DIR, group_names, load_group
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS
 from symfusion.fusion.options import FusionMethod

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from symfusion import cli
+from symfusion.pipeline import cli
 from symfusion.pipeline.report.registry import experiment
 from symfusion.pipeline.report.results import signed_markdown
 from test_report_figures import barrier_result
@@ -158,7 +158,7 @@ def test_its_own_markdown_is_recognised_by_its_signature_and_nothing_else(capsys
 
 def test_the_command_itself_exits_2_with_one_line(tmp_path, evals):
     rewrite(evals[2], lambda d: d["results"][0].pop("task"))
-    result = subprocess.run([sys.executable, "-c", "from symfusion.cli import report_main; report_main()",
+    result = subprocess.run([sys.executable, "-c", "from symfusion.pipeline.cli import report_main; report_main()",
                              "artefact=table2", inputs(evals), f"output={tmp_path / 'out' / 'table2.csv'}"],
                             capture_output=True, text=True, timeout=300)
     lines = result.stderr.strip().splitlines()

@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers as tf
 
-from symfusion import cli
+from symfusion.pipeline import cli
 from symfusion.arch import layout_of
-from symfusion.modelio import load_model, load_tokenizer
+from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline.basemodels import gguf_llama_config, resolve_base
 from symfusion.matching import match_models
 from symfusion.measures import distance

@@ -17,7 +17,7 @@ from symfusion.pipeline.data import load_image_splits
 from symfusion.pipeline.data.text import NER_TAGS, load_text_splits
 from symfusion.pipeline.data.text.hub import EMOTION_LABELS, HUB_TEXT_PRESETS
 from symfusion.errors import SymfusionError
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 from symfusion.pipeline.data.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
 
 datasets = pytest.importorskip("datasets")

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from symfusion import cli
-from symfusion.modelio import load_model
+from symfusion.pipeline import cli
+from symfusion.io.modelio import load_model
 from test_vision_stages import end_models, fails_with_one_line, run  # noqa: F401 - end_models is a fixture
 
 OPTIONS = "method_options={fisher: {num_batches: 2}, regmean: {num_batches: 2}}"

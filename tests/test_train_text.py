@@ -12,7 +12,7 @@ import symfusion.pipeline.tasks.text as train_text
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.text_encoding import (IGNORE_INDEX, collate_text, copy_head, encode_examples, evaluate_text_model,
                                      head_keys, statistic_batches_text)
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 from symfusion.pipeline.tasks.text import finetune_text_model
 from tiny_models import tiny_config
 

@@ -18,7 +18,7 @@ def bench_pipeline():
 def run_report_help(env_extra: dict) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SYMFUSION_USAGE"}
     env.update(env_extra)
-    code = "import sys; from symfusion.cli import report_main; report_main(['--cfg'])"
+    code = "import sys; from symfusion.pipeline.cli import report_main; report_main(['--cfg'])"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
 
 

@@ -7,8 +7,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
-from symfusion import cli
-from symfusion.config import CONF_DIR
+from symfusion.pipeline import cli
+from symfusion.pipeline.config import CONF_DIR
 from symfusion.pipeline.stages.evaluate import run_evaluate
 from symfusion.pipeline.report.artefacts import run_report
 from symfusion.pipeline.report.registry import experiment

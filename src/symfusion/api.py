@@ -26,11 +26,11 @@ from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError, as_symfusion_error
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs
-from symfusion.modelio import write_json
-from symfusion.outputs import folder_marker, safe_output
-from symfusion.provenance import provenance
-from symfusion.sharded import match_folders, tolerance_for
-from symfusion.sharded_whole import match_folders_whole
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.sharded import match_folders, tolerance_for
+from symfusion.io.sharded_whole import match_folders_whole
 from symfusion.symmetry import apply_transform
 
 

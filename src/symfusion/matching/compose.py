@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout, resolve_layers
-from symfusion.config import load_group
+from symfusion.pipeline.config import load_group
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
 from symfusion.matching.heads import match_heads

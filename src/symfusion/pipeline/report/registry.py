@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from symfusion.config import CONF_DIR, load_group
+from symfusion.pipeline.config import CONF_DIR, load_group
 from symfusion.errors import SymfusionError
 
 REGISTRY_FILE = CONF_DIR / "experiments.yaml"

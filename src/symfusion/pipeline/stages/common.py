@@ -9,7 +9,7 @@ import torch
 from symfusion.families import check_compatible, family_spec
 from symfusion.errors import SymfusionError
 from symfusion.measures import model_outputs, probe_inputs
-from symfusion.modelio import load_config, load_model
+from symfusion.io.modelio import load_config, load_model
 
 
 def require_folder(value, name: str) -> Path:

@@ -19,9 +19,9 @@ from symfusion.arch import layout_of
 from symfusion.families import family_spec
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.modelio import write_json
-from symfusion.outputs import file_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import file_marker, safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.stages.common import check_same_body, load_models
 from symfusion.symmetry import apply_transform
 

@@ -10,11 +10,11 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.measures import distance
-from symfusion.modelio import copy_auxiliary_files, write_json
-from symfusion.outputs import folder_marker, safe_output
-from symfusion.provenance import provenance
-from symfusion.rewrite import as_stored, plan_like, write_like
-from symfusion.sharded import tolerance_for
+from symfusion.io.modelio import copy_auxiliary_files, write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.io.sharded import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, check_same_body, load_models, require_folder
 from symfusion.symmetry import apply_transform
 

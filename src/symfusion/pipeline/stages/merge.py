@@ -10,13 +10,13 @@ import torch
 from omegaconf import OmegaConf
 
 from symfusion.arch import check_finite
-from symfusion.config import group_path
+from symfusion.pipeline.config import group_path
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
 from symfusion.fusion.common import batches_of
-from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
-from symfusion.outputs import folder_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import compute_device, copy_auxiliary_files, write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.training import autocast, use_autocast
 from symfusion.pipeline.stages.common import fusion_batches, load_models, matching_of
 from symfusion.pipeline.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,

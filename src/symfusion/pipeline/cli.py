@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
+from symfusion.pipeline.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
 from symfusion.errors import SymfusionError, as_symfusion_error
 

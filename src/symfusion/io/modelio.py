@@ -5,7 +5,7 @@ Input folders are read as data: a file is read or copied only if it really lives
 is refused with how to convert it); every tensor the architecture expects must be in the checkpoint
 with its shape and a floating dtype where the model has one (nothing is initialised at random);
 config.json must parse; every weight must be finite. Which file a folder's name points to is decided
-by symfusion.folder (plain names inside the folder). Every failure is one SymfusionError line.
+by symfusion.io.folder (plain names inside the folder). Every failure is one SymfusionError line.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import transformers
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
-from symfusion.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
+from symfusion.io.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
     shard_header, weight_map
 
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable

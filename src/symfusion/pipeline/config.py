@@ -19,7 +19,7 @@ from symfusion.errors import SymfusionError
 def find_conf_dir() -> Path:
     """The project's conf/ folder: inside the installed package (a wheel), or beside src/ in a checkout."""
     here = Path(__file__).resolve()
-    for candidate in (here.parent / "conf", here.parents[2] / "conf"):
+    for candidate in (here.parents[1] / "conf", here.parents[3] / "conf"):
         if (candidate / "match.yaml").is_file():
             return candidate
     raise SystemExit("error: cannot find symfusion's conf/ folder; reinstall symfusion (pip install -e . in a checkout)")

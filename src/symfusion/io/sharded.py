@@ -29,9 +29,9 @@ from safetensors import SafetensorError, safe_open
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
-from symfusion.folder import INDEX, SINGLE, first_line, model_file, weight_map
+from symfusion.io.folder import INDEX, SINGLE, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.modelio import copy_auxiliary_files, load_config, model_class
+from symfusion.io.modelio import copy_auxiliary_files, load_config, model_class
 from symfusion.symmetry import Transform, apply_transform
 
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -53,7 +53,7 @@ def data_order(path: Path) -> list[str]:
 class ShardedFolder:
     """A save_pretrained folder's weights: key -> shard, memory-mapped handles, reads of chosen keys.
 
-    The index and every shard are checked when the folder is opened (symfusion.folder.weight_map: plain
+    The index and every shard are checked when the folder is opened (symfusion.io.folder.weight_map: plain
     shard names inside the folder, each tensor where the index says), every tensor's shape and dtype
     against what config.json implies (check_fits_config), and every tensor read must be finite."""
 

@@ -28,7 +28,7 @@ from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
 from symfusion.matching.residual import gauge_gains, residual_cross, residual_group, solve_residual
 from symfusion.matching.whole import MAX_ITERATIONS, REL_TOL, folded_distance
-from symfusion.sharded import (BlockCheck, ShardedFolder, _layer_prefix, check_whole_model, finish_folder,
+from symfusion.io.sharded import (BlockCheck, ShardedFolder, _layer_prefix, check_whole_model, finish_folder,
                                open_pair, open_writers, tolerance_for)
 from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
 from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks

@@ -6,7 +6,7 @@ metadata), the same index, each tensor in the source's dtype (a float16 or bfloa
 moved weights are rounded once when stored), the same config.json and generation_config.json, and the
 tokenizer files. `write_like` does that through the same reader and writer as folder matching
 (sharded.ShardedFolder, sharded.ShardWriter), so every name it writes is a plain shard name of the
-checked source index (symfusion.folder), created new in the target.
+checked source index (symfusion.io.folder), created new in the target.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Mapping
 import torch
 from transformers.core_model_loading import revert_weight_conversion
 
-from symfusion.folder import INDEX, model_file
-from symfusion.modelio import copy_auxiliary_files
-from symfusion.sharded import ShardWriter, ShardedFolder, check_shard_names
+from symfusion.io.folder import INDEX, model_file
+from symfusion.io.modelio import copy_auxiliary_files
+from symfusion.io.sharded import ShardWriter, ShardedFolder, check_shard_names
 
 # Files copied as they are from the source folder beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
