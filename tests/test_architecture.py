@@ -7,18 +7,22 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "symfusion"
 
-# Layers from the bottom up, read off the folder tree: a module belongs to the deepest folder listed here
-# that contains it (so a new module needs no entry), and may import only from its own layer or a lower one.
-# The library is everything outside pipeline/ and cli.py: arch, families, symmetry, matching/, fusion/,
-# measures, interpolation, modelio, api, sharded and the base they share (errors, config, outputs, provenance).
+# Layers from the bottom up, read off the folder tree: a module belongs to the deepest entry listed here that contains
+# it (so a new module needs no entry), and may import only from its own layer or a lower one. The library is
+# everything outside pipeline/ (its core: families, arch, stream, symmetry, matching/, fusion/, measures,
+# interpolation, presets, errors; io/: model folders on disk; api: symfusion.align); the pipeline sits above it.
 LAYERS = [
     ("library", ["symfusion"]),
-    ("pipeline plumbing", ["symfusion.pipeline"]),        # warm, allocator, revisions, training, packing, ...
+    ("library: model folders", ["symfusion.io"]),
+    ("library: align()", ["symfusion.api"]),
+    ("pipeline plumbing", ["symfusion.pipeline"]),        # config, warm, allocator, revisions, training, packing, ...
     ("data sources", ["symfusion.pipeline.data"]),
     ("tasks", ["symfusion.pipeline.tasks"]),
     ("stages and report", ["symfusion.pipeline.stages", "symfusion.pipeline.report"]),
-    ("entry points", ["symfusion.pipeline.cli"]),
+    ("entry points", ["symfusion.pipeline.cli"]),        # the console scripts: each imports its own stage lazily
 ]
+PIPELINE = "symfusion.pipeline"
+MAX_TOP_LEVEL = 12            # modules and packages a library user imports from symfusion/ (besides __init__)
 
 
 def module_name(path: Path) -> str:
@@ -59,24 +63,28 @@ def resolve(name: str, known: set[str]) -> str | None:
 
 
 def test_the_folder_tree_shows_library_and_pipeline():
-    """The library's modules sit outside pipeline/; the pipeline's (stages, tasks, data, report, warm worker,
-    allocator, revisions, training loop) inside it; no module is longer than 450 lines."""
+    """The library's modules sit outside pipeline/, the pipeline's inside it; the library's top level holds at most
+    MAX_TOP_LEVEL modules (what a library user imports); no module is longer than 450 lines."""
     names = set(modules())
-    library = {n for n in names if layer_of(n) == 0}
-    assert {"symfusion.arch", "symfusion.families", "symfusion.symmetry", "symfusion.matching", "symfusion.fusion",
-            "symfusion.api", "symfusion.io.sharded", "symfusion.measures", "symfusion.interpolation"} <= library
-    assert {"symfusion.pipeline.warm", "symfusion.pipeline.allocator", "symfusion.pipeline.revisions",
-            "symfusion.pipeline.stages", "symfusion.pipeline.report", "symfusion.pipeline.tasks",
-            "symfusion.pipeline.data", "symfusion.pipeline.data.standins"} <= names - library
+    library = {n for n in names if n != PIPELINE and not n.startswith(PIPELINE + ".")}
+    assert all(layer_of(n) < layer_of(PIPELINE) for n in library)
+    assert all(layer_of(n) >= layer_of(PIPELINE) for n in names - library)
+    top = sorted(p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+                 if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").is_file()))
+    assert PIPELINE.split(".")[1] in top
+    top.remove(PIPELINE.split(".")[1])
+    assert len(top) <= MAX_TOP_LEVEL, top
     long = {p.relative_to(SRC).as_posix(): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert long == {}
 
 
-def test_no_symfusion_import_inside_a_function_outside_the_cli():
+def test_no_symfusion_import_inside_a_function_below_the_entry_points():
+    """Only the top layer (the console scripts' entry points) imports inside functions: each command imports its own
+    stage lazily, so a pipeline job starts fast; everywhere else imports sit at the top of the module."""
     nested = []
     for name, tree in modules().items():
-        if name == "symfusion.pipeline.cli":
-            continue       # its entry points import their own stage lazily (cheap start-up per job)
+        if layer_of(name) == len(LAYERS) - 1:
+            continue
         for function in ast.walk(tree):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(function):
@@ -156,14 +164,18 @@ def test_no_task_kind_branches_outside_the_tasks_package(forbidden):
     assert users == []
 
 
-def test_the_package_ships_every_config_file():
-    """pip install symfusion (a wheel) must carry conf/: src/symfusion/conf links to it, package-data lists it."""
+def test_the_wheel_ships_the_presets_and_not_the_pipeline_conf():
+    """pip install symfusion (a wheel) carries the library's presets (package-data lists every file of
+    src/symfusion/presets) and no conf/: the package holds no link to the checkout's pipeline configuration."""
     import fnmatch
     import tomllib
 
     root = SRC.parent
-    assert (PACKAGE / "conf").resolve() == (root / "conf").resolve()
+    links = [p.relative_to(SRC).as_posix() for p in PACKAGE.rglob("*") if p.is_symlink()]
+    assert links == [] and not (PACKAGE / "conf").exists()
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["symfusion"]
-    files = [p.relative_to(root).as_posix() for p in (root / "conf").rglob("*") if p.is_file()]
+    files = [p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "presets").rglob("*") if p.is_file()
+             and p.suffix != ".pyc" and p.name != "__init__.py"]
     unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, pattern) for pattern in patterns)]
     assert files and unshipped == []
+    assert not any(pattern.startswith("conf") for pattern in patterns)

@@ -4,16 +4,14 @@ import json
 
 import pytest
 import transformers as tf
-from hydra import compose, initialize_config_dir
 
 from symfusion.pipeline import cli
-from symfusion.pipeline.config import CONF_DIR
+from symfusion.pipeline.config import compose_config
 from tiny_models import randomize
 
 
 def run(name: str, command, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        command(compose(config_name=name, overrides=overrides))
+    command(compose_config(name, overrides))
 
 
 @pytest.fixture(scope="module")

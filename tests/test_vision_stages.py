@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
 from symfusion.pipeline import cli
-from symfusion.pipeline.config import CONF_DIR
+from symfusion.pipeline.config import compose_config
 from symfusion.pipeline.stages.evaluate import run_evaluate
 from symfusion.pipeline.report.artefacts import run_report
 from symfusion.pipeline.report.registry import experiment
@@ -20,8 +19,7 @@ TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
 
 
 def config(name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name=name, overrides=overrides)
+    return compose_config(name, overrides)
 
 
 def run(name: str, command, overrides: list[str]):

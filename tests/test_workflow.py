@@ -8,6 +8,8 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from symfusion.errors import SymfusionError
+from symfusion.fusion import fusion_method
 from symfusion.matching import matching_config
 from symfusion.pipeline import warm
 from symfusion.pipeline.report.registry import experiments
@@ -20,6 +22,25 @@ PROFILES = sorted((ROOT / "conf" / "profile").glob("*.yaml"))
 @pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
 def test_every_profile_follows_the_schema(path):
     validate(yaml.safe_load(path.read_text()), str(SCHEMA))
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 0.0, 0.5, 1.0, 1.5])
+def test_the_profile_schema_takes_the_regmean_alphas_that_regmean_declares(alpha):
+    """The schema refuses a bad language.regmean_alpha when the workflow is read (before any fine-tuning); the one
+    definition of a valid alpha is RegMean's Option (fusion/regmean.py): the schema must agree with it."""
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / "mini.yaml").read_text())
+    settings["language"]["regmean_alpha"] = {"default": alpha}
+    try:
+        fusion_method("regmean").check_values({"alpha": alpha})
+        declared = True
+    except SymfusionError:
+        declared = False
+    try:
+        validate(settings, str(SCHEMA))
+        schema = True
+    except Exception:       # noqa: BLE001 - snakemake's WorkflowError for a schema violation
+        schema = False
+    assert schema == declared
 
 
 @pytest.mark.parametrize("section,key", [(None, "visoin"), ("vision", "fusion_method"), ("language", "regmean_alfa")])
@@ -81,7 +102,7 @@ def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
 
 
 def test_a_match_job_gets_data_exactly_when_its_matching_reads_data():
-    """The workflow reads conf/matching yamls itself (it runs where symfusion may not be installed): its choice
+    """The workflow reads the matching presets itself (it runs where symfusion may not be installed): its choice
     of which match jobs get a data_task must be MatchConfig.needs_data's."""
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--config", "profile=mini",
                              "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],

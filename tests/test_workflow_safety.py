@@ -141,21 +141,22 @@ def test_a_profile_naming_no_conf_file_fails_when_the_workflow_is_read(checkout,
 
 
 REGISTRY_MISTAKES = [
-    ("matching/ffn_only.yaml", lambda d: d.pop("label"), "conf/matching/ffn_only.yaml has no label"),
-    ("experiments.yaml", lambda d: d["table2"].__setitem__("writer", "tabel2"), "writer 'tabel2'"),
-    ("experiments.yaml", lambda d: d["fig5_barrier"]["inputs"]["vision"]["barriers"].__setitem__(
+    ("src/symfusion/presets/matching/ffn_only.yaml", lambda d: d.pop("label"),
+     "src/symfusion/presets/matching/ffn_only.yaml has no label"),
+    ("conf/experiments.yaml", lambda d: d["table2"].__setitem__("writer", "tabel2"), "writer 'tabel2'"),
+    ("conf/experiments.yaml", lambda d: d["fig5_barrier"]["inputs"]["vision"]["barriers"].__setitem__(
         "matchings", ["none", "rotaton"]), "matching 'rotaton'"),
-    ("experiments.yaml", lambda d: d["fig6_layers"]["inputs"]["lang"].__setitem__("barriers", {}), "has no barriers"),
-    ("experiments.yaml", lambda d: d["table1"].__setitem__("titel", "x"), "titel"),
-    ("experiments.yaml", lambda d: d["fig3_ablation"].__setitem__("methods", ["simple", "fishr"]), "fishr"),
-    ("experiments.yaml", lambda d: d["fig4_distance"]["labels"].__setitem__("attn_only", "x"), "attn_only"),
+    ("conf/experiments.yaml", lambda d: d["fig6_layers"]["inputs"]["lang"].__setitem__("barriers", {}), "has no barriers"),
+    ("conf/experiments.yaml", lambda d: d["table1"].__setitem__("titel", "x"), "titel"),
+    ("conf/experiments.yaml", lambda d: d["fig3_ablation"].__setitem__("methods", ["simple", "fishr"]), "fishr"),
+    ("conf/experiments.yaml", lambda d: d["fig4_distance"]["labels"].__setitem__("attn_only", "x"), "attn_only"),
 ]
 
 
 @pytest.mark.parametrize("file,change,expected", REGISTRY_MISTAKES, ids=[m[2] for m in REGISTRY_MISTAKES])
 def test_a_registry_mistake_fails_when_the_workflow_is_read(tmp_path, file, change, expected):
     folder = scratch_workflow(tmp_path / "checkout")
-    edit_yaml(folder / "conf" / file, change)
+    edit_yaml(folder / file, change)
     run = snakemake(folder, "-n", "--config", f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}")
     lines = stderr_lines(run)
     assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], run.stderr

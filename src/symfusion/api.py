@@ -44,7 +44,7 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
-    matching: a matching variant of conf/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
+    matching: a matching preset of symfusion/presets/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
     git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, ...) or a MatchConfig. layers /
     last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
     activations or the loss (full_symmetry_learned; modules only).

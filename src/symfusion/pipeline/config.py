@@ -1,4 +1,4 @@
-"""Where the Hydra configuration lives (conf/), how a group's yaml is read, and how a command line is composed and checked."""
+"""Where the pipeline's Hydra configuration lives (conf/ of the checkout, with the library's presets on its search path), how a group's yaml is read, and how a command line is composed and checked."""
 from __future__ import annotations
 
 import json
@@ -14,32 +14,32 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.errors import SymfusionError
+from symfusion.presets import GROUPS as PRESET_GROUPS, PRESETS_DIR, load_preset, preset_names, preset_path
 
-
-def find_conf_dir() -> Path:
-    """The project's conf/ folder: inside the installed package (a wheel), or beside src/ in a checkout."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[1] / "conf", here.parents[3] / "conf"):
-        if (candidate / "match.yaml").is_file():
-            return candidate
-    raise SystemExit("error: cannot find symfusion's conf/ folder; reinstall symfusion (pip install -e . in a checkout)")
-
-
-CONF_DIR = find_conf_dir()
+# The pipeline's conf/ (profiles, tasks, models, the stages' configs, experiments.yaml, the paper's CSVs): in the
+# checkout beside src/, never in the wheel. The matching and fusion groups and symfusion-match's own config are the
+# library's presets (symfusion/presets/, package data), found through Hydra's search path.
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def group_path(group: str, name: str) -> Path:
-    """conf/<group>/<name>.yaml, or a one-line error listing the group's options."""
+    """<group>/<name>.yaml (a preset of the library, or conf/<group>/ of the pipeline), or a one-line error listing
+    the group's options."""
+    if group in PRESET_GROUPS:
+        return preset_path(group, name)
     path = CONF_DIR / group / f"{name}.yaml"
+    if not CONF_DIR.is_dir():
+        raise SymfusionError(f"{group} {name!r} is a setting of the pipeline: its conf/{group}/ lies in a checkout of "
+                             "symfusion, not installed with the package")
     if not isinstance(name, str) or "/" in name or not path.is_file():
-        known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        what = {"fusion": "fusion method"}.get(group, group)
-        raise SymfusionError(f"unknown {what} {name!r}; choose one of {', '.join(known)}")
+        raise SymfusionError(f"unknown {group} {name!r}; choose one of {', '.join(group_names(group))}")
     return path
 
 
 def load_group(group: str, name: str) -> DictConfig:
-    """conf/<group>/<name>.yaml with its `defaults` bases of the same group merged in."""
+    """<group>/<name>.yaml with its `defaults` bases of the same group merged in."""
+    if group in PRESET_GROUPS:
+        return load_preset(group, name)
     config = OmegaConf.load(group_path(group, name))
     bases = [d for d in config.pop("defaults", []) if d != "_self_"]
     return OmegaConf.merge(*(load_group(group, base) for base in bases), config) if bases else config
@@ -61,7 +61,9 @@ def profile_sources(profile) -> dict:
 
 
 def group_names(group: str) -> list[str]:
-    """The option names of a config group (the yaml files of conf/<group>/)."""
+    """The option names of a config group (the yaml files of presets/<group>/ or conf/<group>/)."""
+    if group in PRESET_GROUPS:
+        return preset_names(group)
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
@@ -96,14 +98,28 @@ def literal_override(override: str) -> str:
     return f"{key}={_quoted(value)}"
 
 
+def search_folders(config_name: str) -> tuple[Path, list[Path]]:
+    """(the folder holding <config_name>.yaml: the library's presets or the pipeline's conf/, the other folders
+    Hydra searches for its groups); a one-line error for a pipeline command run where conf/ is not (a wheel)."""
+    if (PRESETS_DIR / f"{config_name}.yaml").is_file():
+        return PRESETS_DIR, [CONF_DIR] if CONF_DIR.is_dir() else []
+    if not (CONF_DIR / f"{config_name}.yaml").is_file():
+        raise SymfusionError(f"symfusion-{config_name} is a command of the pipeline: run it in a checkout of symfusion "
+                             f"(its configuration, conf/{config_name}.yaml, is not installed with the package)")
+    return CONF_DIR, [PRESETS_DIR]
+
+
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
-    """conf/<config_name>.yaml with the command line's KEY=VALUE overrides; Hydra's errors as one line."""
+    """<config_name>.yaml (conf/, or the presets) with the command line's KEY=VALUE overrides; Hydra's errors as
+    one line."""
     overrides = [literal_override(o) for o in overrides]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
-        base = compose(config_name=config_name)
+    home, others = search_folders(config_name)
+    searched = ["hydra.searchpath=[" + ",".join(_quoted(f"file://{folder}") for folder in others) + "]"]
+    with initialize_config_dir(config_dir=str(home), version_base=None, job_name=config_name):
+        base = compose(config_name=config_name, overrides=searched)
         options = ", ".join(sorted(k for k in base if k != "hydra"))
         try:
-            cfg = compose(config_name=config_name, overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=searched + overrides)
         except MissingConfigException as error:
             group = (error.missing_cfg_file or "").rsplit("/", 1)[0]
             given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == group), group)

@@ -62,7 +62,7 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
                     examples: int | None = None, resolved_config: dict | None = None,
                     matching_name: str | None = None) -> dict:
     """Sweep layer subsets for the pair (anchor, source) with the matching `matching` and write the rows as JSON."""
-    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+    if isinstance(matching, str):                  # a variant by name: presets/matching/<name>.yaml
         matching_name, matching = matching, matching_config(matching)
     if len(tasks) != 2:
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK]: one task per model")

@@ -109,7 +109,7 @@ def run_multimodel(
     With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there
     (one folder, <dir>/0, <dir>/1, ... and models.json, replaced as a whole).
     """
-    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+    if isinstance(matching, str):                  # a variant by name: presets/matching/<name>.yaml
         matching_name, matching = matching, matching_config(matching)
     if multi not in METHODS:
         raise SymfusionError(f"matching.multi={multi!r}; choose one of {', '.join(METHODS)}")
