@@ -1,11 +1,14 @@
 """The vision stages through their Hydra commands: train -> match -> merge -> evaluate -> barrier -> report."""
 import csv
 import json
+import math
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils.data import DataLoader
 
+from symfusion.io.modelio import load_model
 from symfusion.pipeline import cli
 from symfusion.pipeline.config import compose_config
 from symfusion.pipeline.stages.evaluate import run_evaluate
@@ -55,13 +58,36 @@ def test_pipeline_stages_write_their_files(end_models, tmp_path):
         evals.append(tmp_path / f"{method}.json")
         run("evaluate", cli.evaluate_command, ["task=digits", f"model_dir={merged}", f"output={evals[-1]}"])
         report = json.loads(evals[-1].read_text())
-        assert report["method"] == method and 0.0 <= report["metrics"]["accuracy"] <= 1.0
+        assert report["method"] == method
+        # the accuracy is the merged model's, recomputed here from its saved folder on the task's test split
+        correct = predictions_correct(merged)
+        assert report["results"][0]["per_example"]["correct"] == correct
+        assert report["metrics"]["accuracy"] == sum(correct) / len(correct)
     run("barrier", cli.barrier_command, ["task=digits", "task.limit={train: 1000}", f"anchor={root / 'seed0'}",
                                          f"source={tmp_path / 'matched'}", "points=3", "examples=100",
                                          f"output={tmp_path / 'barrier.json'}"])
     barrier = json.loads((tmp_path / "barrier.json").read_text())
     assert [p["alpha"] for p in barrier["path"]] == [0.0, 0.5, 1.0] and barrier["matching"] == "rotation"
-    assert barrier["barrier"] >= 0.0 and {p["n"] for p in barrier["path"]} == {100}
+    assert {p["n"] for p in barrier["path"]} == {100}
+    losses = [p["loss"] for p in barrier["path"]]
+    for point in barrier["path"]:          # each point's loss and accuracy are its saved examples' means
+        assert point["loss"] == pytest.approx(math.fsum(point["per_example"]["loss"]) / 100, rel=1e-12)
+        assert point["accuracy"] == sum(point["per_example"]["correct"]) / 100
+    assert barrier["barrier"] == max(losses) - min(losses)                    # the paper's range along the path
+    assert barrier["barrier_linear"] == pytest.approx(max(l - (a * losses[-1] + (1 - a) * losses[0])
+                                                          for a, l in zip((0.0, 0.5, 1.0), losses)), abs=1e-12)
+
+
+def predictions_correct(model_dir) -> list[int]:
+    """1/0 per example of the digits test split: the model's argmax is the label (the model run here, directly)."""
+    cfg = config("evaluate", ["task=digits"])
+    task = make_task(cfg.task, cfg.get("profile"))
+    model = load_model(model_dir)
+    correct = []
+    with torch.no_grad():
+        for batch in DataLoader(task.split("test"), batch_size=64, shuffle=False):
+            correct += (model(pixel_values=batch["pixel_values"]).logits.argmax(-1) == batch["labels"]).int().tolist()
+    return correct
 
 
 def test_merging_several_methods_in_one_process_equals_merge_then_evaluate(end_models, tmp_path):

@@ -25,6 +25,8 @@ from hostile import assert_refused, leftovers, outcome, snapshot
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model
 
+pytestmark = pytest.mark.slow          # children killed mid-write, mounts, dropped capabilities
+
 ROOT = os.geteuid() == 0
 
 
@@ -66,6 +68,7 @@ def complete(out: Path) -> bool:
     return (out / "match.json").is_file() and foreign_entry(out, "test") is None
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("call", [match, align], ids=["symfusion-match", "align"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(models, tmp_path, call):
     with tmpfs(tmp_path / "disk", "48k") as disk:
@@ -77,6 +80,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(models, tmp_path, call):
         assert snapshot(models) == before and list(disk.iterdir()) == []
 
 
+@pytest.mark.root
 def test_a_full_disk_keeps_the_previous_output(models, tmp_path):
     size = sum(p.stat().st_size for p in (models / "bert_b").iterdir())
     with tmpfs(tmp_path / "disk", f"{int(size * 1.6) // 1024}k") as disk:
@@ -88,6 +92,7 @@ def test_a_full_disk_keeps_the_previous_output(models, tmp_path):
         assert snapshot(disk) == old and leftovers(out) == []
 
 
+@pytest.mark.root
 def test_read_only_folders(models, tmp_path):
     """Inputs on a read-only file system are read as data (it works); an output there is one line, nothing kept."""
     with tmpfs(tmp_path / "ro", "4m") as ro:
@@ -103,6 +108,7 @@ def test_read_only_folders(models, tmp_path):
             assert snapshot(ro) == before
 
 
+@pytest.mark.root
 @pytest.mark.skipif(not ROOT or not shutil.which("setpriv"),
                     reason="needs root and setpriv(1) to run a command without the power to override permissions")
 def test_permissions_without_the_power_to_override_them(models, tmp_path):

@@ -18,6 +18,7 @@ def statistics_file(folder, output, options=OPTIONS, methods="[fisher,regmean]")
     return output
 
 
+@pytest.mark.slow
 def test_merges_with_precomputed_statistics_equal_merges_without(end_models, tmp_path):  # noqa: F811
     anchor, source = end_models / "seed0", end_models / "seed1"
     files = [statistics_file(anchor, tmp_path / "anchor.safetensors"),

@@ -14,7 +14,7 @@ from symfusion.matching import matching_config
 from symfusion.pipeline import warm
 from symfusion.pipeline.report.registry import experiments
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
 PROFILES = sorted((ROOT / "conf" / "profile").glob("*.yaml"))
 
@@ -61,6 +61,7 @@ def job_counts(profile: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
+@pytest.mark.slow
 def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
     paper, rehearsal = job_counts("paper"), job_counts("rehearsal")
     assert paper == rehearsal
@@ -84,6 +85,7 @@ def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
     assert not missing, f"rules with gpu=1 but not the GPU partition in workflow/profiles/slurm/config.yaml: {missing}"
 
 
+@pytest.mark.slow
 def test_statistics_are_shared_exactly_by_the_models_several_merges_fuse_unmoved():
     """mini: the ViT anchor (seed0) is fused unmoved by its pair's every matching, the source (seed1) only by the
     unmatched merge; each text model anchors a pair, or is the source of two unmatched pair merges (rt_d2), or
@@ -101,6 +103,7 @@ def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
     assert re.search(r'^WORKER_VARIABLE = "(\w+)"', text, re.M).group(1) == warm.VARIABLE
 
 
+@pytest.mark.slow
 def test_a_match_job_gets_data_exactly_when_its_matching_reads_data():
     """The workflow reads the matching presets itself (it runs where symfusion may not be installed): its choice
     of which match jobs get a data_task must be MatchConfig.needs_data's."""

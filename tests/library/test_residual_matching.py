@@ -156,6 +156,7 @@ def test_the_gauge_is_the_closest_to_the_anchor():
 
 @pytest.mark.parametrize("family,overrides", [("vit", {}), ("llama", {"num_key_value_heads": 2}),
                                               ("stablelm", {"num_key_value_heads": 2})])
+@pytest.mark.slow
 def test_refining_by_the_midpoint_loss_lowers_it_and_keeps_the_function(family, overrides):
     kind = "enc" if family == "vit" else "dec"
     anchor, source = build(kind, family, overrides, seed=1), build(kind, family, overrides, seed=2)

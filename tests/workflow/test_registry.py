@@ -16,6 +16,7 @@ from symfusion.pipeline.report import artefacts, registry
 from symfusion.pipeline.report.compare import compared_files
 from symfusion.pipeline.report.registry import experiment, experiments
 from symfusion.pipeline.report.table2 import table2_rows
+from symfusion.pipeline.stages.merge import fusion_config
 from test_vision_stages import merged_evaluation_files
 from workflow_copy import ROOT, dry_run_jobs, edit_yaml, scratch_workflow, snakemake, stderr_lines
 
@@ -82,6 +83,7 @@ def expected_targets(profile: str, results: str, figures: str, on_demand: bool =
             and e.on_demand == on_demand]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_snakefile_builds_exactly_the_registry_entries(profile):
     run = snakemake(ROOT, "-n", "--config", f"profile={profile}", "results_dir=/nonexistent/results",
@@ -95,6 +97,7 @@ def test_the_snakefile_builds_exactly_the_registry_entries(profile):
     assert set(jobs) >= {"decoder_merge", "decoder_barrier", "decoder_mergekit"}       # every profile has decoders
 
 
+@pytest.mark.slow
 def test_an_on_demand_entry_is_built_by_its_own_target_only():
     """mini's SmolLM2 table: not among the default target's inputs (above), but its target builds it with the
     decoder_ft track's jobs: two fine-tunes, scored on both domains, matched, merged by every method."""
@@ -129,6 +132,7 @@ def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():
     assert here and [str(path) for path in here if not path.is_file()] == []
 
 
+@pytest.mark.slow
 def test_a_profile_switches_an_experiment_off_by_name(tmp_path):
     """smoke without Figure 6: no figure job and no layer sweep, and the report does not wait for it."""
     folder = scratch_workflow(tmp_path / "checkout")
@@ -190,3 +194,17 @@ def test_symfusion_compare_checks_the_entries_marked_compare():
     tables, figures = compared_files()
     assert set(tables + figures) == {f"{e.name}.csv" for e in experiments().values() if e.compare}
     assert "table3.csv" not in tables and Path("table2.csv").name in tables
+
+
+@pytest.mark.parametrize("name", sorted(FUSION_METHODS))
+def test_the_merge_stage_fills_in_the_declared_defaults_of_a_fusion_preset(name):
+    """A fusion preset states no option value; the merge stage's config (fusion_config) is the preset with every
+    declared default filled in, overrides on top: what the merge reports and statistic identities record."""
+    method = FUSION_METHODS[name]
+    full = fusion_config(name)
+    assert {k: v for k, v in full.items() if k not in ("name", "num_batches")} == method.defaults()
+    assert full["name"] == name and ("num_batches" in full) == method.reads_data
+    if method.options:
+        option = method.options[0]
+        changed = fusion_config(name, {option.name: None if option.nullable else option.default})
+        assert changed[option.name] == (None if option.nullable else option.default)

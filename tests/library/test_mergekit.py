@@ -20,6 +20,8 @@ from symfusion.fusion import merge_models
 from symfusion.io.modelio import load_model
 from tiny_decoders import tiny_decoder
 
+pytestmark = [pytest.mark.extra, pytest.mark.slow]   # mergekit (the merge extra), its CLI in a subprocess
+
 MERGEKIT = Path(sys.executable).parent / "mergekit-yaml"
 FLOAT32_ROUNDING = torch.finfo(torch.float32).eps      # 2^-23: one ulp relative
 BFLOAT16_ROUNDING = 2.0 ** -8                           # bfloat16's unit roundoff (8 significant bits)

@@ -138,6 +138,7 @@ def test_the_worker_stops_on_sigterm_removes_its_socket_and_states_its_cpu_time(
     assert "usage: symfusion-worker user " in log.read_text().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_stage_forked_from_symfusion_worker_writes_the_bytes_its_own_process_writes(tmp_path):
     """The real worker (every stage imported) and symfusion-match, with a user mistake's one-line error."""
     tiny_model("bert", seed=1).save_pretrained(tmp_path / "source", safe_serialization=True)

@@ -18,7 +18,7 @@ from symfusion.errors import SymfusionError
 from symfusion.pipeline import revisions
 from symfusion.pipeline.revisions import LOCK_VARIABLE, LOCKED_REFS, is_pinned, pin_revision, read_lock
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _task(name: str):

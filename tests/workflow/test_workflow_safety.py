@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 from workflow_copy import ROOT, edit_yaml, scratch_workflow, snakemake, stderr_lines
 
+pytestmark = pytest.mark.slow          # every test runs snakemake
+
 AWKWARD = "my, 'odd' $x [results]"          # a space, a comma, quotes, a dollar and brackets
 
 

@@ -21,6 +21,8 @@ from symfusion.matching import match_models
 from symfusion.measures import distance
 from symfusion.symmetry import LayerTransform, Transform, apply_transform, plane_rotations, random_transform
 
+pytestmark = pytest.mark.slow          # a real checkpoint (SmolLM2-135M): minutes
+
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXTS = ["The capital of France is", "Rotation symmetries of attention heads let us align two language models before"]
 

@@ -21,7 +21,7 @@ from symfusion.io.modelio import load_model
 from symfusion.pipeline.data.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
 
 datasets = pytest.importorskip("datasets")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = OmegaConf.load(ROOT / "conf" / "profile" / "paper.yaml")
 
 
@@ -50,6 +50,7 @@ def _task(name: str):
 
 # ---------------------------------------------------------------------------------------------- the folder
 
+@pytest.mark.slow
 def test_manifest_covers_the_paper_profile_exactly(manifest, standins):
     language = PAPER.language
     paper_tasks = {PAPER.vision.task, *language.emotion, *language.ner, language.ner_ood, *language.glue}
@@ -62,6 +63,7 @@ def test_manifest_covers_the_paper_profile_exactly(manifest, standins):
     assert not [p for p in standins.rglob("*") if p.suffix in (".bin", ".h5", ".pt", ".pkl", ".pickle")]
 
 
+@pytest.mark.slow
 def test_rebuild_is_a_no_op_and_another_folder_is_byte_identical(standins, manifest, tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in standins.rglob("*") if p.is_file()}
     assert build_standins(standins) == manifest                            # up to date: left alone

@@ -20,6 +20,8 @@ from hostile import (ACCEPTED, MUTATIONS, applicable, assert_refused, leftovers,
 from tiny_decoders import tiny_decoder
 from tiny_models import randomize, tiny_model
 
+pytestmark = pytest.mark.slow          # every hostile folder through every reader, each a command
+
 ALL = [(kind, m) for kind, ms in MUTATIONS.items() for m in ms]
 IDS = [f"{kind}-{m.__name__}" for kind, m in ALL]
 

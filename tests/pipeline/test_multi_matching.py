@@ -273,6 +273,7 @@ def test_multimodel_table_has_a_row_group_per_model_and_a_summary_line_each(tmp_
     assert "k=2" in lines[1] and "OOD" not in lines[1] and "joint rotation+rescaling" in lines[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("multi", ["anchor", "barycenter"])
 def test_multimodel_cli_writes_the_models_of_matching_multi(tmp_path, multi):
     import subprocess
@@ -296,6 +297,7 @@ def test_multimodel_cli_writes_the_models_of_matching_multi(tmp_path, multi):
     assert report["methods"][other]["sum_pairwise_distance"] != report["methods"][multi]["sum_pairwise_distance"]
 
 
+@pytest.mark.slow
 def test_multimodel_cli_refuses_an_unknown_multi_method(tmp_path):
     import subprocess
     import sys

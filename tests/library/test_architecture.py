@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "symfusion"
 
 # Layers from the bottom up, read off the folder tree: a module belongs to the deepest entry listed here that contains

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_slurm_jobs.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_slurm_jobs.py"
 spec = importlib.util.spec_from_file_location("check_slurm_jobs", SCRIPT)
 check_slurm_jobs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check_slurm_jobs)

@@ -8,7 +8,7 @@ import pytest
 
 from symfusion.pipeline import cli
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Two 16 MB blocks allocated and freed 20 times: glibc's defaults trim the freed heap top each time, so
 # every round faults its pages in again; with keep_freed_memory the second round on reuses the same pages.

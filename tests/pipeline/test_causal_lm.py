@@ -288,6 +288,7 @@ def stage(name: str, *args: str) -> None:
     assert cli.run_command(name, list(args)) == 0
 
 
+@pytest.mark.slow
 def test_commands_run_the_decoder_track_on_lm_english(tmp_path, capsys):
     """symfusion-data/-train/-match/-statistics/-merge/-evaluate/-barrier with task=lm_english model=llama_mini
     (shrunk: 1 layer of width 32, 24 train blocks of 32 tokens)."""

@@ -160,6 +160,7 @@ def run(command: str, args: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env=ENV)
 
 
+@pytest.mark.slow
 def test_every_bad_input_is_one_line_exit_2_and_nothing_written(world):
     before = snapshot(world)
     cases = bert_cases(world)

@@ -156,6 +156,7 @@ def test_its_own_markdown_is_recognised_by_its_signature_and_nothing_else(capsys
     fails(capsys, tmp_path, "did not write", "artefact=table2", inputs(evals), f"output={out / 'table2.csv'}")
 
 
+@pytest.mark.slow
 def test_the_command_itself_exits_2_with_one_line(tmp_path, evals):
     rewrite(evals[2], lambda d: d["results"][0].pop("task"))
     result = subprocess.run([sys.executable, "-c", "from symfusion.pipeline.cli import report_main; report_main()",

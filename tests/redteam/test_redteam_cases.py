@@ -169,6 +169,7 @@ def test_task_and_model_disagreements_are_one_line(vits, tmp_path, wrong):
         assert snapshot(vits) == before
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     """A real SIGINT while symfusion-match works (after it took its lock): exit 130, one line, no traceback, no
     output, no lock or temp."""

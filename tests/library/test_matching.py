@@ -10,8 +10,7 @@ from symfusion.matching import MatchConfig, match_many, match_models, matching_c
 from symfusion.matching.rescale import best_scales, rescale_objective
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform, random_transform
-from symfusion.pipeline.config import group_names
-from symfusion.presets import PRESETS_DIR
+from symfusion.presets import PRESETS_DIR, preset_names
 from symfusion.matching.compose import StageClock, match_attention_rotation
 from symfusion.matching.permutation import max_assignment
 from symfusion.matching.rotation import polar_factor, polar_factor_svd
@@ -141,7 +140,7 @@ def test_registry_names_match_the_issue_and_each_has_a_config():
     names = {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
              "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint", "rotation_heads", "full_symmetry",
              "full_symmetry_learned"}
-    assert {p.stem for p in Path(PRESETS_DIR, "matching").glob("*.yaml")} == set(group_names("matching")) == names
+    assert {p.stem for p in Path(PRESETS_DIR, "matching").glob("*.yaml")} == set(preset_names("matching")) == names
     assert all(isinstance(matching_config(name), MatchConfig) for name in names)
 
 

@@ -141,6 +141,7 @@ def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "o", "s"]  # no temp folder left
 
 
+@pytest.mark.slow
 def test_console_script(tmp_path):
     source = save(tiny_model("deberta-v2", seed=1), tmp_path / "s")
     anchor = save(tiny_model("deberta-v2", seed=2), tmp_path / "a")
