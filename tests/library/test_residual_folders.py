@@ -36,7 +36,7 @@ def test_streamed_folders_find_what_whole_state_dicts_find(kind, family, overrid
                          "full_symmetry")
     a, s = save(anchor, tmp_path / "a"), save(source, tmp_path / "s")
     assert len(list(s.glob("model-*.safetensors"))) > 1                       # really sharded
-    out, report = symfusion.align(s, a, matching="full_symmetry", output=tmp_path / "out")
+    out, report = symfusion.align(s, a, matching="full_symmetry", output=tmp_path / "out", in_memory=False)
     assert report["residual"]["group"] == whole.residual["group"]
     assert report["residual"]["folded_distance"] == pytest.approx(whole.residual["folded_distance"], rel=1e-4)
     assert report["residual"]["descent"] == sorted(report["residual"]["descent"], reverse=True)
@@ -60,7 +60,7 @@ def test_a_planted_element_is_undone_from_folders(dtype, tmp_path):
     source_state = apply_transform(anchor_state, layout, transform)
     a = save(model.to(dtype), tmp_path / "a", {k: v.to(dtype) for k, v in anchor_state.items()})
     s = save(model.to(dtype), tmp_path / "s", {k: v.to(dtype) for k, v in source_state.items()})
-    out, report = symfusion.align(s, a, matching="full_symmetry", output=tmp_path / "out")
+    out, report = symfusion.align(s, a, matching="full_symmetry", output=tmp_path / "out", in_memory=False)
     matched = type(model).from_pretrained(str(out))
     assert next(matched.parameters()).dtype == dtype
     before = distance(source_state, anchor_state)["total"]

@@ -18,7 +18,7 @@ import torch
 import transformers as tf
 
 import symfusion
-from symfusion.io import sharded
+from symfusion.io import checks, sharded
 from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
 from symfusion.io.sharded import ShardedFolder
@@ -62,12 +62,12 @@ def test_case1_a_shard_index_cannot_reach_outside_the_output(models, tmp_path):
 
 def test_a_nan_functional_check_fails(models, tmp_path, monkeypatch):
     """A NaN deviation used to compare False against the tolerance and pass: both checks now refuse it."""
-    monkeypatch.setattr(sharded.BlockCheck, "deviation", lambda self, prefix, s, m: float("nan"))
+    monkeypatch.setattr(checks.BlockCheck, "deviation", lambda self, prefix, s, m: float("nan"))
     with pytest.raises(SymfusionError, match="changes the source block's output by nan"):
         symfusion.align(str(models / "llama_b"), str(models / "llama_a"), output=tmp_path / "o1")
     monkeypatch.undo()
-    monkeypatch.setattr(sharded, "whole_model_change", lambda source, matched: float("nan"))
-    with pytest.raises(SymfusionError, match="changes the source's logits by nan"):
+    monkeypatch.setattr(checks, "whole_model_change", lambda source, matched: float("nan"))
+    with pytest.raises(SymfusionError, match="changes the source's outputs by nan"):
         symfusion.align(str(models / "llama_b"), str(models / "llama_a"), output=tmp_path / "o2")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 

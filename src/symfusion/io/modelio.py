@@ -49,6 +49,17 @@ def model_class(config):
     return transformers.AutoModel
 
 
+def skeleton_of(config, path: str | Path) -> torch.nn.Module:
+    """The model config.json builds, on the meta device (its structure and names, no memory); one line if none."""
+    cls = model_class(config)
+    try:
+        with torch.device("meta"):
+            return cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+    except Exception as error:  # noqa: BLE001 - a config that transformers cannot build is a bad input
+        raise SymfusionError(f"{path}/config.json does not describe a model transformers can build "
+                             f"({first_line(error)}); re-export the model") from error
+
+
 # ---------------------------------------------------------------- reading a folder as data
 
 def check_model_folder(path: str | Path) -> Path:

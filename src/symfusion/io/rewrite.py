@@ -28,7 +28,8 @@ CONFIG_FILES = ("config.json", "generation_config.json")
 
 def stored_dtypes(source: str | Path) -> dict[str, torch.dtype]:
     """Tensor name -> dtype of every tensor in a model folder's safetensors files (headers only)."""
-    return {key: tensor.dtype for key, tensor in ShardedFolder(source).meta_state().items()}
+    folder = ShardedFolder(source)
+    return {folder.file_keys[key]: tensor.dtype for key, tensor in folder.meta_state().items()}
 
 
 def file_names(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -74,15 +75,16 @@ def write_like(source: str | Path, state: Mapping[str, torch.Tensor], target: st
     check_shard_names(src)
     meta = src.meta_state()
     for shard, keys in src.shards().items():
-        writer = ShardWriter(target / shard, {k: meta[k] for k in keys}, src.handle(shard).metadata())
+        writer = ShardWriter(target / shard, {k: meta[k] for k in keys}, src.handle(shard).metadata(), src.file_keys)
         try:
-            for key in keys:
-                writer.write(key, state[key] if key in state else src.read([key])[key])
+            for key in keys:                           # `state` speaks the files' names, the folder the model's
+                name = src.file_keys[key]
+                writer.write(key, state[name] if name in state else src.read([key])[key])
         finally:
             writer.file.close()
         writer.close()
     if src.index_metadata is not None:
-        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.weight_map},
+        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.files},
                                                indent=2) + "\n")
     for name in CONFIG_FILES:
         path = model_file(src.path, name, must_exist=False)

@@ -8,38 +8,38 @@ tensor is, because a symmetry changes no shape or dtype). The matched folder kee
 source's shard files, its index (weight_map) and its key order, dtypes and config, so
 transformers, mergekit or any safetensors reader loads it like the source.
 
-Each matched layer is checked on its own: the layer's block (its transformers module, built
-from the config) with the source weights and with the matched weights, as they are stored
-(dtype rounding included), is run on random hidden states; a whole-model logits check is
-added when the model is small enough to load twice.
+A folder is read under the model's own tensor names (transformers renames some families' tensors
+between files and model: ViT) and written back under the files' names. Each matched layer is checked
+on its own, and the whole model when it is small (io/checks.py); the distances are the parameters'
+(measures.SquaredDistances: every tensor, tied ones once, summed in the model's order).
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
+import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
-import transformers
 from safetensors import SafetensorError, safe_open
+from transformers.core_model_loading import revert_weight_conversion
 
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.io.folder import INDEX, SINGLE, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.io.modelio import copy_auxiliary_files, load_config, model_class
+from symfusion.measures import SquaredDistances, compared_keys, distance_fields
+from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
+from symfusion.io.modelio import copy_auxiliary_files, load_config, skeleton_of
 from symfusion.symmetry import Transform, apply_transform
 
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL"}
 NAMES = {name: dtype for dtype, name in DTYPES.items()}
-# Folders whose float32 weights are below this many bytes also get a whole-model logits check.
-WHOLE_MODEL_CHECK_BYTES = 2 * 2**30
 
 
 def data_order(path: Path) -> list[str]:
@@ -51,18 +51,28 @@ def data_order(path: Path) -> list[str]:
 
 
 class ShardedFolder:
-    """A save_pretrained folder's weights: key -> shard, memory-mapped handles, reads of chosen keys.
+    """A save_pretrained folder's weights under the model's own tensor names: key -> shard, memory-mapped handles,
+    reads of chosen keys.
 
-    The index and every shard are checked when the folder is opened (symfusion.io.folder.weight_map: plain
-    shard names inside the folder, each tensor where the index says), every tensor's shape and dtype
-    against what config.json implies (check_fits_config), and every tensor read must be finite."""
+    transformers renames some families' tensors between the files and the model (ViT's files keep
+    `encoder.layer.0.attention.attention.query`, its model says `layers.0.attention.q_proj`): `weight_map`, `read`,
+    `meta_state` and `shards` speak the model's names (what layouts and matching read), `files` and
+    `file_keys` the files' (what a rewrite keeps). The index and every shard are checked when the folder is opened
+    (symfusion.io.folder.weight_map: plain shard names inside the folder, each tensor where the index says), every
+    tensor's shape and dtype against what config.json implies (check_fits_config), and every tensor read must be
+    finite. `skeleton` is the model built on the meta device (no memory); `ties` its tied parameter names."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = load_config(self.path)
-        self.weight_map, self.index_metadata = weight_map(self.path)
+        self.files, self.index_metadata = weight_map(self.path)          # file key -> shard, as on disk
         self._handles = {}
-        check_fits_config(self.config, self.meta_state(), self.path)
+        self.skeleton = skeleton_of(self.config, self.path)
+        self.names = model_names(self.skeleton, self.files)               # file key -> model key
+        self.file_keys = {model: file for file, model in self.names.items()}
+        self.weight_map = {self.names[key]: shard for key, shard in self.files.items()}
+        check_fits_config(self.config, self.meta_state(), self.path, self.skeleton)
+        self.order, self.ties = names_in_folder(self.skeleton, set(self.weight_map))
 
     def handle(self, shard: str):
         if shard not in self._handles:
@@ -77,47 +87,81 @@ class ShardedFolder:
     def shards(self) -> dict[str, list[str]]:
         """Shard file -> its keys, in the order of their data in the file (so a rewrite keeps the layout)."""
         out: dict[str, list[str]] = {}
-        for shard in dict.fromkeys(self.weight_map.values()):
-            keys = set(k for k, s in self.weight_map.items() if s == shard)
-            out[shard] = [k for k in data_order(model_file(self.path, shard)) if k in keys]
+        for shard in dict.fromkeys(self.files.values()):
+            keys = set(k for k, s in self.files.items() if s == shard)
+            out[shard] = [self.names[k] for k in data_order(model_file(self.path, shard)) if k in keys]
         return out
 
     def meta_state(self) -> dict[str, torch.Tensor]:
         """Every tensor as a shape-and-dtype-only meta tensor (for layouts and shard headers)."""
         state = {}
-        for key, shard in self.weight_map.items():
+        for key, shard in self.files.items():
             piece = self.handle(shard).get_slice(key)
             if piece.get_dtype() not in NAMES:
                 raise SymfusionError(f"{self.path / shard} stores {key!r} as {piece.get_dtype()}, a dtype symfusion "
                                      "does not read; re-export the model")
-            state[key] = torch.empty(piece.get_shape(), dtype=NAMES[piece.get_dtype()], device="meta")
+            state[self.names[key]] = torch.empty(piece.get_shape(), dtype=NAMES[piece.get_dtype()], device="meta")
         return state
 
     def read(self, keys: Iterable[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The named tensors (copied out of the mapped shards), floating ones cast to `dtype` if given; each must
         be finite (the one check of arch.check_finite on every path into matching)."""
         out = {}
-        for key in keys:
+        for asked in keys:
+            key = asked if asked in self.weight_map else self.ties.get(asked, asked)     # a tied name: its tensor
             try:
-                tensor = self.handle(self.weight_map[key]).get_tensor(key)
+                tensor = self.handle(self.weight_map[key]).get_tensor(self.file_keys[key])
             except SafetensorError as error:
                 raise SymfusionError(f"cannot read {key!r} from {self.path / self.weight_map[key]} "
                                      f"({first_line(error)}); re-export the model") from error
             check_finite({key: tensor}, f"model {self.path}")
-            out[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+            out[asked] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
         return out
 
 
-def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path) -> None:
+def _prefix_shift(skeleton: torch.nn.Module, keys) -> Callable[[str], str]:
+    """How the folder names the skeleton's tensors: as they are, without the base model's prefix (a bare model's
+    folder read as a task model), or with it."""
+    prefix = getattr(skeleton, "base_model_prefix", "") or ""
+    names, keys = list(skeleton.state_dict()), set(keys)
+    shifts = [lambda n: n, lambda n: n[len(prefix) + 1:] if n.startswith(prefix + ".") else n,
+              lambda n: n if n.startswith(prefix + ".") else f"{prefix}.{n}"]
+    return max(shifts, key=lambda shift: sum(shift(n) in keys for n in names))
+
+
+def model_names(skeleton: torch.nn.Module, files: Mapping[str, str]) -> dict[str, str]:
+    """File key -> the model's key for it: transformers' own renaming of the family on load (the inverse of what
+    save_pretrained writes, read off the skeleton), in the folder's prefix convention; the identity elsewhere."""
+    state = skeleton.state_dict()
+    try:
+        reverted = revert_weight_conversion(skeleton, dict(state))          # file key -> the model's tensor
+    except Exception:  # noqa: BLE001 - a family without a conversion (or one this reader cannot invert): as stored
+        reverted = {}
+    ids = {id(tensor): key for key, tensor in state.items()}
+    renamed = {file: ids[id(t)] for file, t in reverted.items() if id(t) in ids and file != ids[id(t)]}
+    shift = _prefix_shift(skeleton, files)
+    renamed = {shift(file): shift(model) for file, model in renamed.items()}
+    return {key: renamed.get(key, key) for key in files}
+
+
+def names_in_folder(skeleton: torch.nn.Module, keys: set[str]) -> tuple[list[str], dict[str, str]]:
+    """(every tensor name of the model in its state-dict order, the folder's keys it lacks after them; tied names:
+    a parameter name -> the name of the parameter it is), in the folder's naming."""
+    shift = _prefix_shift(skeleton, keys)
+    order = [shift(name) for name in skeleton.state_dict()]
+    order += [k for k in keys if k not in set(order)]
+    first, ties = {}, {}
+    for name, parameter in skeleton.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            ties[shift(name)] = shift(first[id(parameter)])
+        else:
+            first[id(parameter)] = name
+    return order, ties
+
+
+def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path, skeleton: torch.nn.Module) -> None:
     """Refuse (one line) a folder whose tensors disagree with what its config.json builds: a shape, or an
     integer dtype where the model has a floating-point parameter (the rule modelio.load_model applies)."""
-    cls = model_class(config)
-    try:
-        with torch.device("meta"):
-            skeleton = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
-    except Exception as error:  # noqa: BLE001 - a config that transformers cannot build is a bad input
-        raise SymfusionError(f"{path}/config.json does not describe a model transformers can build "
-                             f"({first_line(error)}); re-export the model") from error
     prefix = getattr(skeleton, "base_model_prefix", "") or ""
     for name, expected in skeleton.state_dict().items():
         candidates = (name, f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None)
@@ -136,11 +180,15 @@ def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path) -> 
 class ShardWriter:
     """One safetensors file written tensor by tensor, in any order: header and offsets are fixed up front."""
 
-    def __init__(self, path: Path, specs: Mapping[str, torch.Tensor], metadata: dict | None):
+    def __init__(self, path: Path, specs: Mapping[str, torch.Tensor], metadata: dict | None,
+                 names: Mapping[str, str] | None = None):
+        """specs: key -> a tensor of its shape and dtype; names: key -> its name in the file (default: the key)."""
         header, offset = {}, 0
+        names = names or {}
         for key, spec in specs.items():                         # offsets in the given (source) order
             size = math.prod(spec.shape) * spec.element_size()
-            header[key] = {"dtype": DTYPES[spec.dtype], "shape": list(spec.shape), "data_offsets": [offset, offset + size]}
+            header[names.get(key, key)] = {"dtype": DTYPES[spec.dtype], "shape": list(spec.shape),
+                                           "data_offsets": [offset, offset + size]}
             offset += size
         if metadata:
             header = {"__metadata__": metadata, **header}
@@ -148,7 +196,7 @@ class ShardWriter:
         raw += b" " * (-len(raw) % 8)                           # the data starts 8-byte aligned
         self.path, self.specs, self.pending = path, dict(specs), set(specs)
         self.start = 8 + len(raw)
-        self.offsets = {k: header[k]["data_offsets"][0] for k in specs}
+        self.offsets = {k: header[names.get(k, k)]["data_offsets"][0] for k in specs}
         self.file = open(path, "xb")        # a new file only: never over anything, whatever the shard's name
         self.file.write(len(raw).to_bytes(8, "little") + raw)
         self.file.truncate(self.start + offset)
@@ -166,65 +214,6 @@ class ShardWriter:
         self.file.close()
         if self.pending:
             raise SymfusionError(f"{self.path.name}: {len(self.pending)} tensors were never written, e.g. {sorted(self.pending)[0]!r}")
-
-
-def _has_submodule(module: torch.nn.Module, name: str) -> bool:
-    try:
-        module.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
-
-
-def _block_module(skeleton: torch.nn.Module, layer_prefix: str, weights: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    """A real float32 copy of the skeleton's layer module holding `weights` (keys under layer_prefix)."""
-    path = layer_prefix.rstrip(".").split(".")
-    # the folder's keys may carry a prefix that the skeleton lacks (a task model's body built as a bare model)
-    found = next((".".join(path[i:]) for i in range(len(path)) if _has_submodule(skeleton, ".".join(path[i:]))), None)
-    if found is None:
-        raise SymfusionError(f"cannot find the module of {layer_prefix!r} in {type(skeleton).__name__}")
-    block = copy.deepcopy(skeleton.get_submodule(found)).to_empty(device="cpu").float()
-    local = {k[len(layer_prefix):]: v for k, v in weights.items() if k.startswith(layer_prefix)}   # cast on copy
-    missing, _ = block.load_state_dict(local, strict=False)
-    params = [m for m in missing if m in dict(block.named_parameters())]
-    if params:
-        raise SymfusionError(f"layer {layer_prefix!r} lacks {params[0]!r} in the checkpoint")
-    return block.eval()
-
-
-class BlockCheck:
-    """Runs one layer's block with source and matched weights on the same random hidden states."""
-
-    def __init__(self, config, seq_len: int = 16, seed: int = 0):
-        cls = model_class(config)
-        with torch.device("meta"):           # no memory: only the modules' structure is used
-            self.skeleton = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
-        self.config = config
-        gen = torch.Generator().manual_seed(seed)
-        self.hidden = torch.randn(1, seq_len, config.hidden_size, generator=gen)
-        rotary = next((m for name, m in self.skeleton.named_modules() if name.endswith("rotary_emb")), None)
-        self.position_embeddings = None
-        if rotary is not None:
-            real = type(rotary)(config=config)
-            positions = torch.arange(seq_len)[None]
-            self.position_embeddings = real(self.hidden, positions)
-
-    def output(self, layer_prefix: str, weights: Mapping[str, torch.Tensor], hidden: torch.Tensor | None = None) -> torch.Tensor:
-        block = _block_module(self.skeleton, layer_prefix, weights)
-        kwargs = {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
-        with torch.no_grad():
-            out = block(self.hidden if hidden is None else hidden, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
-
-    def deviation(self, layer_prefix: str, source: Mapping, matched: Mapping, r: torch.Tensor | None = None) -> float:
-        """max |block_matched(h) - block_source(h)| / max |block_source(h)|; with a residual map r, the matched block
-        reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|."""
-        reference = self.output(layer_prefix, source)
-        if r is None:
-            return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
-        r = r.to(self.hidden.dtype)
-        moved = self.output(layer_prefix, matched, self.hidden @ r.T)                       # rows h -> (r h)^T
-        return ((moved - reference @ r.T).abs().max() / reference.abs().max()).item()
 
 
 # Files a matched folder holds beside the source's shards (api.py writes the last two): no shard may take their names.
@@ -256,19 +245,14 @@ def _layer_prefix(layout: ModelLayout, index: int) -> str:
     return key[: key.index(marker) + len(marker)]
 
 
-def tolerance_for(dtypes: Iterable[torch.dtype], base: float) -> float:
-    """The functional-check tolerance: `base`, or the rounding that storing moved weights in a dtype implies."""
-    eps = max((torch.finfo(d).eps for d in dtypes if d.is_floating_point), default=0.0)
-    return max(base, 4 * eps)
-
-
 def match_folders(
     source: str | Path, anchor: str | Path, output: str | Path, matching: MatchConfig | str = "rotation",
     layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3,
     whole_model_check: bool | None = None, tmp: Path | None = None,
 ) -> tuple[Transform, dict]:
     """Match the source folder onto the anchor folder layer by layer, writing the matched folder into `tmp`
-    (or `output` directly); returns (transform, report). Memory: a few layers' tensors, never a model."""
+    (or `output` directly); returns (transform, report fields: the distances before and after by module type,
+    each block's check, the whole model's when it is small). Memory: a few layers' tensors, never a model."""
     config_obj = matching_config(matching) if isinstance(matching, str) else matching
     src, anc, src_meta, layout = open_pair(source, anchor)
     indices = resolve_layers(layout.num_layers, layers, last_layers)
@@ -276,24 +260,27 @@ def match_folders(
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
     writers = open_writers(src, src_meta, target)
     shard_of = src.weight_map
-    checker = BlockCheck(src.config)
-    transform, seconds, deviations = Transform(), {}, {}
-    squared = {"before": {}, "after": {}}
+    checker = BlockCheck(src.config, skeleton=src.skeleton, read=src.read, keys=src.weight_map)
+    transform, seconds, deviations, matching_seconds = Transform(), {}, {}, 0.0
+    pairs = distance_pairs(src, anc, layout)
+    before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
     done: set[str] = set()
     for i in indices:
-        prefix = _layer_prefix(layout, i)
-        keys = list(dict.fromkeys(layout.stored_keys(layout.layer_keys(i)) + [k for k in src_meta if k.startswith(prefix)]))
-        s_layer, a_layer = src.read(keys, torch.float32), anc.read(layout.stored_keys(layout.layer_keys(i)), torch.float32)
+        keys = layer_keys(src, layout, i)
+        s_layer, a_all = src.read(keys, torch.float32), anc.read([k for k in keys if k in anc.weight_map], torch.float32)
+        a_layer = {k: a_all[k] for k in layout.stored_keys(layout.layer_keys(i))}
+        start = time.perf_counter()
         result = match_models(s_layer, a_layer, layout, config_obj, layers=[i])
         for stage, value in result.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + value
         moved = apply_transform(s_layer, layout, result.transform)
+        matching_seconds += time.perf_counter() - start
         stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}          # what the matched folder holds
         del moved
-        _accumulate(squared["before"], s_layer, a_layer, layout)
-        _accumulate(squared["after"], stored, a_layer, layout)
-        del a_layer                                                          # memory: one layer's tensors at a time
-        deviations[i] = checker.deviation(prefix, s_layer, stored)
+        before.add(layout.canonical(s_layer), layout.canonical(a_all))
+        after.add(layout.canonical(stored), layout.canonical(a_all))
+        del a_layer, a_all                                                   # memory: one layer's tensors at a time
+        deviations[i] = checker.deviation(_layer_prefix(layout, i), s_layer, stored)
         if not deviations[i] <= tolerance:                                 # NaN fails too
             _abort(writers)
             raise SymfusionError(
@@ -306,25 +293,54 @@ def match_folders(
         transform.layers.update(result.transform.layers)
     for shard, keys in src.shards().items():                     # everything else is copied as it is
         for key in (k for k in keys if k not in done):
-            tensor = src.read([key])[key]
-            writers[shard].write(key, tensor)
-            if tensor.is_floating_point() and key in anc.weight_map:  # counts in both distances alike
-                part = (tensor.double() - anc.read([key])[key].double()).pow(2).sum().item()
-                for side in squared.values():
-                    side["other"] = side.get("other", 0.0) + part
+            writers[shard].write(key, src.read([key])[key])
+    unmoved_distances(src, anc, layout, [i for i in range(layout.num_layers) if i not in indices], before, after)
     finish_folder(src, writers, target)
     report = {
         "family": layout.family, "layers": indices, "shards": sorted(writers),
-        "distance_before": math.sqrt(sum(squared["before"].values())),
-        "distance_after": math.sqrt(sum(squared["after"].values())),
-        "distance_before_by_module": {k: math.sqrt(v) for k, v in squared["before"].items()},
-        "distance_after_by_module": {k: math.sqrt(v) for k, v in squared["after"].items()},
+        **distance_fields(before.distances(), after.distances()), "seconds": matching_seconds,
         "block_relative_output_change": {str(i): d for i, d in deviations.items()},
         "max_block_relative_output_change": max(deviations.values(), default=0.0),
         "tolerance": tolerance, "seconds_by_stage": seconds,
     }
     check_whole_model(src, src_meta, target, output, tolerance, whole_model_check, report)
     return transform, report
+
+
+def layer_keys(folder: ShardedFolder, layout: ModelLayout, i: int) -> list[str]:
+    """Every stored tensor of layer i: its maps (a fused GPT-2 c_attn once), norms and biases."""
+    prefix = _layer_prefix(layout, i)
+    return list(dict.fromkeys(layout.stored_keys(layout.layer_keys(i)) + [k for k in folder.weight_map
+                                                                           if k.startswith(prefix)]))
+
+
+def distance_pairs(src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout) -> dict[str, tuple[str, str]]:
+    """The tensors a distance between two folders compares (measures.compared_keys: tied tensors once), under
+    their canonical names, in the source model's state-dict order (so the sums equal those of two nn.Modules)."""
+    metas = []
+    for folder in (src, anc):
+        meta = folder.meta_state()
+        spare = torch.empty(0, device="meta")
+        metas.append(layout.canonical({k: meta.get(k, spare) for k in folder.order}))
+    stored = [layout.canonical(folder.meta_state()) for folder in (src, anc)]
+    return compared_keys(list(metas[0]), stored[0], stored[1], src.ties, anc.ties)
+
+
+def unmoved_distances(src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, unmatched: list[int],
+                      *sides: SquaredDistances) -> None:
+    """Add the tensors a block matching leaves as they are (unmatched layers, everything outside the layers) to each
+    side's distances: the same part before and after."""
+    for i in unmatched:
+        keys = layer_keys(src, layout, i)
+        s, a = layout.canonical(src.read(keys)), layout.canonical(anc.read([k for k in keys if k in anc.weight_map]))
+        for side in sides:
+            side.add(s, a)
+    pairs = sides[0].pairs
+    for key, (s, a) in pairs.items():
+        if key not in sides[0].parts and s in src.weight_map | src.ties and a in anc.weight_map | anc.ties:
+            source, anchor = src.read([s]), anc.read([a])
+            for side in sides:
+                side.add(source, anchor)
 
 
 def open_pair(source: str | Path, anchor: str | Path) -> tuple[ShardedFolder, ShardedFolder, dict, ModelLayout]:
@@ -341,7 +357,8 @@ def open_pair(source: str | Path, anchor: str | Path) -> tuple[ShardedFolder, Sh
 def open_writers(src: ShardedFolder, src_meta: Mapping[str, torch.Tensor], target: Path) -> dict[str, ShardWriter]:
     """One ShardWriter per source shard in `target` (made if needed), with the source's keys, shapes and dtypes."""
     target.mkdir(parents=True, exist_ok=True)
-    return {shard: ShardWriter(target / shard, {k: src_meta[k] for k in keys}, src.handle(shard).metadata())
+    return {shard: ShardWriter(target / shard, {k: src_meta[k] for k in keys}, src.handle(shard).metadata(),
+                               src.file_keys)
             for shard, keys in src.shards().items()}
 
 
@@ -350,52 +367,13 @@ def finish_folder(src: ShardedFolder, writers: Mapping[str, ShardWriter], target
     for writer in writers.values():
         writer.close()
     if src.index_metadata is not None:
-        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.weight_map}, indent=2) + "\n")
+        (target / INDEX).write_text(json.dumps({"metadata": src.index_metadata, "weight_map": src.files}, indent=2) + "\n")
     for name in ("config.json", "generation_config.json"):
         if model_file(src.path, name, must_exist=False).is_file():
             shutil.copyfile(src.path / name, target / name)
     copy_auxiliary_files(src.path, target)
 
 
-def check_whole_model(src: ShardedFolder, src_meta: Mapping, target: Path, output, tolerance: float,
-                      whole_model_check: bool | None, report: dict) -> None:
-    """The whole model's logits check of a written folder (by default when both fit in memory), into `report`."""
-    if whole_model_check is None:
-        whole_model_check = sum(math.prod(t.shape) * 4 for t in src_meta.values()) <= WHOLE_MODEL_CHECK_BYTES
-    if whole_model_check:
-        report["relative_output_change"] = whole_model_change(src.path, target)
-        if not report["relative_output_change"] <= tolerance:       # NaN fails too
-            raise SymfusionError(
-                f"the matched model changes the source's logits by {report['relative_output_change']:.3g} relative "
-                f"(> {tolerance:.3g}); not writing {output}. Report this as a bug"
-            )
-
-
-def _accumulate(squared: dict, state: Mapping, anchor: Mapping, layout: ModelLayout) -> None:
-    """Add the squared distances of one layer's canonical tensors, by module type."""
-    state, anchor = layout.canonical(state), layout.canonical(anchor)
-    for key, tensor in anchor.items():
-        diff = state[key].float() - tensor.float()                # one float32 temporary, summed in float64
-        part = diff.square_().sum(dtype=torch.float64).item()
-        squared[layout.module_type(key)] = squared.get(layout.module_type(key), 0.0) + part
-
-
 def _abort(writers: Mapping[str, ShardWriter]) -> None:
     for writer in writers.values():
         writer.file.close()
-
-
-def whole_model_change(source: Path, matched: Path, seq_len: int = 16) -> float:
-    """max |logits_matched - logits_source| / max |logits_source| on random token ids, both loaded by transformers."""
-    config = load_config(source)
-    ids = torch.randint(0, config.vocab_size, (2, seq_len), generator=torch.Generator().manual_seed(0))
-    outputs = []
-    for folder in (source, matched):
-        model = model_class(config).from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
-                                                    trust_remote_code=False).eval()
-        with torch.no_grad():
-            result = model(input_ids=ids)       # a bare model (config without architectures): its hidden states
-            outputs.append(result.logits if getattr(result, "logits", None) is not None else result.last_hidden_state)
-        del model
-    return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()
-

@@ -28,8 +28,9 @@ from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
 from symfusion.matching.residual import gauge_gains, residual_cross, residual_group, solve_residual
 from symfusion.matching.whole import MAX_ITERATIONS, REL_TOL, folded_distance
-from symfusion.io.sharded import (BlockCheck, ShardedFolder, _layer_prefix, check_whole_model, finish_folder,
-                               open_pair, open_writers, tolerance_for)
+from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
+from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
+from symfusion.measures import SquaredDistances, distance_fields
 from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
 from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
 
@@ -40,7 +41,7 @@ class _Pair:
     def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout):
         self.src, self.anc, self.layout, self.stream = src, anc, layout, stream
         in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
-        self.outside = [k for k in src.weight_map if k not in in_layers and k in anc.weight_map]
+        self.outside = [k for k in src.weight_map if k not in in_layers and (k in anc.weight_map or k in anc.ties)]
         self.outside_pair = self._read(self.outside)
 
     def layer_keys(self, i: int) -> list[str]:
@@ -158,14 +159,17 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     target = Path(tmp or output)
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
     writers = open_writers(src, src_meta, target)
-    checker, deviations = BlockCheck(src.config), {}
-    squared = {"before": 0.0, "after": 0.0}
+    checker, deviations = BlockCheck(src.config, skeleton=src.skeleton, read=src.read, keys=src.weight_map), {}
+    pairs = distance_pairs(src, anc, layout)
+    before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
     gains = {}
     for i, keys, stored_source, anchor_part, moved, part_gains in _moved_parts(pair, r, blocks):
         gains.update(part_gains)
         stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}
-        for side, state in (("before", stored_source), ("after", stored)):
-            squared[side] += sum((state[k].double() - t.double()).pow(2).sum().item() for k, t in anchor_part.items())
+        tied_elsewhere = [a for s, a in pairs.values() if s in stored_source and a not in anchor_part]
+        anchors = layout.canonical({**anchor_part, **anc.read(tied_elsewhere, torch.float32)})
+        before.add(layout.canonical(stored_source), anchors)
+        after.add(layout.canonical(stored), anchors)
         if i is not None:
             deviations[i] = checker.deviation(_layer_prefix(layout, i), stored_source, stored, r)
             if not deviations[i] <= tolerance:                                   # NaN fails too
@@ -177,7 +181,7 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     finish_folder(src, writers, target)
     transform = Transform(layers={i: t for i, t in blocks.items() if not t.is_identity()}, residual=ResidualMap(r, gains))
     report = {"family": layout.family, "layers": list(range(layout.num_layers)), "shards": sorted(writers),
-              "distance_before": math.sqrt(squared["before"]), "distance_after": math.sqrt(squared["after"]),
+              **distance_fields(before.distances(), after.distances()), "seconds": time.perf_counter() - start,
               "block_relative_output_change": {str(i): d for i, d in deviations.items()},
               "max_block_relative_output_change": max(deviations.values(), default=0.0), "tolerance": tolerance,
               "seconds_by_stage": {**clock.seconds, "total": time.perf_counter() - start}, "residual": info}
@@ -191,7 +195,7 @@ def _moved_parts(pair: _Pair, r: torch.Tensor, blocks: dict):
     for i in [None] + list(range(pair.layout.num_layers)):
         keys = pair.outside if i is None else pair.layer_keys(i)
         stored_source = pair.src.read(keys, torch.float32)
-        anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map], torch.float32)
+        anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map or k in pair.anc.ties], torch.float32)
         moved, gains = _move(stored_source, anchor_part, pair.layout, pair.stream, r, {} if i is None else {i: blocks[i]})
         yield i, keys, stored_source, anchor_part, moved, gains
 

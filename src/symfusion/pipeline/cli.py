@@ -100,15 +100,15 @@ def match_command(cfg: DictConfig) -> None:
                              "the models solve)")
     report = run_match(
         source=cfg.source, anchor=cfg.anchor, output=cfg.output, matching=matching, matching_name=name,
-        layers=_container(cfg.layers), last_layers=cfg.last_layers, seed=cfg.seed,
-        probe_batch=cfg.probe.batch_size, probe_len=cfg.probe.seq_len,
+        layers=_container(cfg.layers), last_layers=cfg.last_layers,
         max_relative_output_change=cfg.max_relative_output_change, resolved_config=_resolved(cfg),
         data_task=_task(cfg, cfg.data_task) if matching.needs_data else None, data_batches=cfg.data_batches,
     )
+    check = report.get("relative_output_change", report.get("max_block_relative_output_change"))
     print(
         f"matched {report['source']} onto {report['anchor']} ({name}): distance "
         f"{report['distance_before']:.4f} -> {report['distance_after']:.4f}, "
-        f"max output change {report['max_output_change']:.2e}, {report['seconds']:.2f}s -> {report['output']}"
+        f"relative output change {check:.2e}, {report['seconds']:.2f}s -> {report['output']}"
     )
 
 
@@ -264,8 +264,7 @@ CHECKS = {
     "train": {"output": PATH, "seed": integer(0), "threads": integer(1, optional=True), "precision": PRECISION,
               **TASK_CHECKS},
     "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
-              "last_layers": integer(0, optional=True), "seed": integer(0), "probe.batch_size": integer(1),
-              "probe.seq_len": integer(1), "max_relative_output_change": number(0, strict_low=True),
+              "last_layers": integer(0, optional=True), "max_relative_output_change": number(0, strict_low=True),
               "data_task": text(optional=True), "data_batches": integer(1)},
     "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
               "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),

@@ -24,7 +24,7 @@ from symfusion.io.modelio import copy_auxiliary_files, write_json
 from symfusion.io.outputs import file_marker, folder_marker, safe_output
 from symfusion.io.provenance import provenance
 from symfusion.io.rewrite import as_stored, plan_like, write_like
-from symfusion.io.sharded import tolerance_for
+from symfusion.io.checks import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
 
