@@ -34,7 +34,7 @@ from symfusion.arch import layout_of
 from symfusion.matching import match_models
 from symfusion.matching.permutation import ffn_cross, max_assignment
 from symfusion.measures import distance
-from symfusion.sharded import INDEX, ShardWriter
+from symfusion.io.sharded import INDEX, ShardWriter
 from symfusion.symmetry import apply_transform, random_transform
 
 CASES = {
@@ -212,7 +212,7 @@ def memory(args) -> None:
     written = time.perf_counter() - start
     output = workdir / "matched"
     code = ("import json, sys, symfusion; _, r = symfusion.align(sys.argv[1], sys.argv[2], matching=sys.argv[4], "
-            "output=sys.argv[3]); r.pop('transform'); print(json.dumps(r))")
+            "output=sys.argv[3], in_memory=False); r.pop('transform'); print(json.dumps(r))")
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", code, str(source), str(anchor), str(output), args.matching],
                              stdout=subprocess.PIPE, text=True)

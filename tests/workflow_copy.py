@@ -1,4 +1,5 @@
-"""A scratch copy of the workflow for tests that change a profile or the registry: conf/ copied, workflow/ and src/ linked.
+"""A scratch copy of the workflow for tests that change a profile, a preset or the registry: conf/ and the library's
+presets copied, workflow/ and the rest of src/symfusion linked.
 
 Snakemake runs in the copy's folder (its .snakemake/ stays there); the stage commands come from this Python's
 environment. `stderr_lines` drops Snakemake's own notice that it reads workflow/profiles/default.
@@ -19,10 +20,17 @@ PROFILE_NOTICE = "Using workflow specific profile"
 
 
 def scratch_workflow(folder: Path) -> Path:
-    """folder/{conf (a copy), workflow -> the repository's, src -> the repository's}; returns folder."""
+    """folder/{conf and src/symfusion/presets (copies), workflow and every other entry of src/symfusion -> the
+    repository's}; returns folder."""
     shutil.copytree(ROOT / "conf", folder / "conf")
     (folder / "workflow").symlink_to(ROOT / "workflow")
-    (folder / "src").symlink_to(ROOT / "src")
+    package = folder / "src" / "symfusion"
+    package.mkdir(parents=True)
+    for entry in (ROOT / "src" / "symfusion").iterdir():
+        if entry.name == "presets":
+            shutil.copytree(entry, package / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif entry.name != "__pycache__":
+            (package / entry.name).symlink_to(entry)
     return folder
 
 

@@ -5,60 +5,70 @@
 - Two nn.Modules (transformers models of one supported family): `matched` is a new module (the
   source is left as it is) that computes the source's function, checked on probe inputs.
 - Two save_pretrained folders: output=DIR is required; the matched folder is written atomically,
-  layer by layer from memory-mapped shards (sharded.match_folders), keeping the source's shard
-  layout and index, so transformers, mergekit or FusionBench read it as a normal folder; each
-  block is checked, and the whole model's logits when it is small. `matched` is the output path.
-The report holds the distances before and after (total and by module type), the functional
-check, seconds per stage and the transform (a symmetry.Transform; folders also get
-transform.safetensors and match.json).
+  keeping the source's shard layout, index, key names and dtypes, so transformers, mergekit or FusionBench
+  read it as a normal folder; `matched` is the output path. Block matchings go layer by layer from
+  memory-mapped shards (io/sharded.py: any model size, each block checked, and the whole model's outputs when
+  it is small); the whole-group variants likewise (io/sharded_whole.py) unless the pair fits in memory
+  (in_memory=None: both under io.checks.WHOLE_MODEL_CHECK_BYTES in float32), where they run as for two
+  nn.Modules (io/loaded.py); the data-driven variants load both models (they run them on `data`).
+symfusion-match is this function on folders. The report is one format for every entry (a folder's match.json):
+the matching, the parameters' distance before and after (total and by module type; tied tensors once), the
+functional check, seconds per stage and the transform (a symmetry.Transform; folders also get
+transform.safetensors).
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from symfusion.arch import check_finite, check_same_layout, layout_of
-from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError, as_symfusion_error
-from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
-from symfusion.measures import distance, model_outputs, probe_inputs
-from symfusion.modelio import write_json
-from symfusion.outputs import folder_marker, safe_output
-from symfusion.provenance import provenance
-from symfusion.sharded import match_folders, tolerance_for
-from symfusion.sharded_whole import match_folders_whole
-from symfusion.symmetry import apply_transform
-
+from symfusion.io.checks import WHOLE_MODEL_CHECK_BYTES
+from symfusion.io.loaded import match_folders_in_memory, match_modules
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.sharded import ShardedFolder, match_folders
+from symfusion.io.sharded_whole import match_folders_whole
+from symfusion.matching import MatchConfig, matching_config
+from symfusion.presets import preset_names
 
 # A matched folder (of align() or symfusion-match): it holds a match report.
 MATCHED_FOLDER = folder_marker("match.json", ("distance_after",))
+WRITER = "symfusion-match / align()"
 
 
 def align(source, anchor, matching: MatchConfig | str = "rotation", output: str | Path | None = None,
           layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3,
-          data: list[dict] | None = None):
+          data: list[dict] | None = None, in_memory: bool | None = None, record: dict | None = None):
     """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
-    matching: a matching variant of conf/matching/ (rotation, rotation_no_rescale, attn_only, ffn_only,
+    matching: a matching preset (symfusion/presets/matching/: rotation, rotation_no_rescale, attn_only, ffn_only,
     git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, ...) or a MatchConfig. layers /
     last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
-    activations or the loss (full_symmetry_learned; modules only).
+    activations or the loss (full_symmetry_learned). in_memory (folders, whole-group variants): True loads both
+    models, False streams their layers, None loads them when they are small. record: more fields for the report
+    (a command's provenance, where its data came from).
     """
     config = matching_config(matching) if isinstance(matching, str) else matching
+    if not isinstance(config, MatchConfig):
+        raise SymfusionError(f"matching= takes a preset name or a MatchConfig, got {type(matching).__name__}")
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
+    name = matching if isinstance(matching, str) else preset_of(config)
     try:
         if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-            return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
+            matched, transform, fields = match_modules(source, anchor, config, layers, last_layers,
+                                                       max_relative_output_change, data)
+            return matched, {**report_of(name, config, fields, transform, data), **(record or {}),
+                             "transform": transform}
         if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
-            return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers,
-                                  max_relative_output_change)
+            return _align_folders(Path(source), Path(anchor), output, config, name, layers, last_layers,
+                                  max_relative_output_change, data, in_memory, record)
     except Exception as error:          # noqa: BLE001 - the system's errors (no space left, ...) become one line
         translated = as_symfusion_error(error)
         if translated is None or translated is error:
@@ -69,76 +79,59 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     )
 
 
-def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float, data=None):
-    check_compatible(source.config, anchor.config)
-    dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
-    # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
-    state = {k: v.float() if v.is_floating_point() and v.dtype in (torch.float16, torch.bfloat16) else v
-             for k, v in source.state_dict().items()}
-    anchor_state = anchor.state_dict()
-    check_finite(state, "source model")
-    check_finite(anchor_state, "anchor model")
-    layout = layout_of(source.config, state)
-    check_same_layout(layout, layout_of(anchor.config, anchor_state))
-    start = time.perf_counter()
-    match_data = MatchData(copy.deepcopy(source).float(), list(data)) if data else None
-    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
-                          tied=_tied(source))
-    moved = apply_transform(state, layout, result.transform)
-    seconds = time.perf_counter() - start
-    matched = copy.deepcopy(source)
-    matched.load_state_dict(moved)                    # cast back to the source's dtypes
-    stored = matched.state_dict()
-    inputs = probe_inputs(source.config)
-    if "pixel_values" in inputs:
-        inputs["pixel_values"] = inputs["pixel_values"].to(next(source.parameters()).dtype)
-    before = model_outputs(source, inputs)
-    change = ((model_outputs(matched, inputs) - before).abs().max() / before.abs().max().clamp_min(1e-30)).item()
-    limit = tolerance_for(dtypes, tolerance)
-    if not change <= limit:                                   # NaN fails too
-        raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "
-                             "report this as a bug")
-    before_dist, after_dist = distance(source.state_dict(), anchor_state, layout), distance(stored, anchor_state, layout)
-    report = {
-        "family": layout.family, "matching_config": asdict(config),
-        "layers": sorted(result.transform.layers), "distance_before": before_dist["total"],
-        "distance_after": after_dist["total"], "distance_before_by_module": before_dist,
-        "distance_after_by_module": after_dist, "relative_output_change": change, "tolerance": limit,
-        "seconds": seconds, "seconds_by_stage": result.seconds, "transform": result.transform,
-        "residual": result.residual,
-    }
-    return matched.eval(), report
+def preset_of(config: MatchConfig) -> str | None:
+    """The name of the matching preset that is this configuration, if one is."""
+    return next((n for n in preset_names("matching") if matching_config(n) == config), None)
 
 
-def _tied(model: torch.nn.Module) -> bool:
-    """Whether the module's output embeddings are its input embeddings (one parameter)."""
-    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    weight = getattr(head, "weight", None)
-    return weight is not None and weight is getattr(embeddings, "weight", None)
+def _scale_summary(transform) -> dict:
+    """How far the rescaling moved away from 1, over all heads (a is usually close to 1)."""
+    scales = [s for t in transform.layers.values() for s in (t.a_qk, t.a_vo) if s is not None]
+    if not scales:
+        return {}
+    flat = torch.cat(scales)
+    return {"min": flat.min().item(), "max": flat.max().item(), "mean_abs_log": flat.abs().log().abs().mean().item()}
 
 
-def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, layers, last_layers, tolerance: float):
-    for name, path in (("source", source), ("anchor", anchor)):
+def report_of(name: str | None, config: MatchConfig, fields: dict, transform, data) -> dict:
+    """The match report, one format for modules and folders (a folder's match.json adds where it was written)."""
+    return {"matching": name, "matching_config": asdict(config), "family": fields.pop("family"),
+            "layers": fields.pop("layers"), **fields, "scales": _scale_summary(transform),
+            "data": None if not data else {"batches": len(data)}}
+
+
+def _fits_in_memory(source: Path, anchor: Path) -> bool:
+    return all(sum(t.numel() * 4 for t in ShardedFolder(p).meta_state().values()) <= WHOLE_MODEL_CHECK_BYTES
+               for p in (source, anchor))
+
+
+def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name, layers, last_layers,
+                   tolerance: float, data, in_memory, record):
+    for role, path in (("source", source), ("anchor", anchor)):
         if not path.is_dir():
-            raise SymfusionError(f"{name}={path}: no such directory")
+            raise SymfusionError(f"{role}={path}: no such directory")
     if not output:
         raise SymfusionError("align() of two folders needs output=DIR (where the matched folder is written)")
+    if config.residual != "none" and (layers is not None or last_layers is not None):
+        raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
+                             "it matches the whole model (drop layers= / last_layers=)")
     start = time.perf_counter()
-    # the same rules as symfusion-match: a new folder, or a previous matched folder; never an input
-    with safe_output(output, "symfusion.align", MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
+    # a new folder, or a previous matched folder; never an input
+    with safe_output(output, WRITER, MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
-            if config.residual == "none":
-                transform, report = match_folders(source, anchor, output, config, layers=layers, last_layers=last_layers,
-                                                  max_relative_output_change=tolerance, tmp=tmp)
-            elif layers is not None or last_layers is not None:
-                raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
-                                     "it matches the whole model (drop layers= / last_layers=)")
+            if config.needs_data or (config.residual != "none" and (
+                    in_memory or (in_memory is None and _fits_in_memory(source, anchor)))):
+                transform, fields = match_folders_in_memory(source, anchor, output, config, layers, last_layers,
+                                                            tolerance, data, tmp=tmp)
+            elif config.residual == "none":
+                transform, fields = match_folders(source, anchor, output, config, layers=layers,
+                                                  last_layers=last_layers, max_relative_output_change=tolerance, tmp=tmp)
             else:
-                transform, report = match_folders_whole(source, anchor, output, config,
+                transform, fields = match_folders_whole(source, anchor, output, config,
                                                         max_relative_output_change=tolerance, tmp=tmp)
-            report.update({"source": str(source), "anchor": str(anchor), "output": str(output),
-                           "matching_config": asdict(config), "seconds": time.perf_counter() - start,
-                           "provenance": provenance(None)})
+            report = {"source": str(source), "anchor": str(anchor), "output": str(output),
+                      **report_of(name, config, fields, transform, data), "seconds": time.perf_counter() - start,
+                      "provenance": provenance(None), **(record or {})}
             transform.save(tmp / "transform.safetensors")
             write_json(report, tmp / "match.json")
     report["transform"] = transform

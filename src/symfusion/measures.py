@@ -45,6 +45,76 @@ def distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], layou
     return {name: math.sqrt(value) for name, value in squared.items()}
 
 
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """Each parameter name under which a module holds a tensor it already holds under an earlier name (tied
+    weights: the output embedding of a tied decoder) -> that earlier name."""
+    first, ties = {}, {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            ties[name] = first[id(parameter)]
+        else:
+            first[id(parameter)] = name
+    return ties
+
+
+def compared_keys(order, source_keys, anchor_keys, source_ties: Mapping[str, str],
+                  anchor_ties: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """The parameters of a pair, each counted once, in `order` (the source's state-dict order): name -> (the
+    source's key, the anchor's key) of the tensors compared. A name tied in both models is another name's tensor
+    in both: left out; a name tied in one model only compares that model's tied tensor with the other's own (a
+    tied anchor's embedding against an untied source's output head); a name one model lacks is left out."""
+    source_keys, anchor_keys, pairs = set(source_keys), set(anchor_keys), {}
+    for key in order:
+        if key in pairs or (key in source_ties and key in anchor_ties):
+            continue
+        s = key if key in source_keys else source_ties.get(key)
+        a = key if key in anchor_keys else anchor_ties.get(key)
+        if s in source_keys and a in anchor_keys:
+            pairs[key] = (s, a)
+    return pairs
+
+
+class SquaredDistances:
+    """|source - anchor|^2 per compared tensor (float64, block by block), added in any order (a folder's layers one
+    at a time) and summed in the pair's order, so the result does not depend on the order the tensors came in."""
+
+    def __init__(self, pairs: Mapping[str, tuple[str, str]], layout: ModelLayout | None = None):
+        self.pairs, self.layout, self.parts = pairs, layout, {}
+
+    def add(self, source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor]) -> None:
+        """The parts of every compared key whose two tensors are given (canonical views, under their own keys)."""
+        for key, (s, a) in self.pairs.items():
+            if s in source and a in anchor and source[s].is_floating_point() and source[s].shape == anchor[a].shape:
+                self.parts[key] = squared_difference(source[s], anchor[a])
+
+    def distances(self) -> dict:
+        """{"total": the distance, then one entry per module type}, summed in the pair's order."""
+        squared: dict[str, float] = defaultdict(float)
+        for key in self.pairs:
+            if key in self.parts:
+                squared["total"] += self.parts[key]
+                if self.layout is not None:
+                    squared[self.layout.module_type(key)] += self.parts[key]
+        return {name: math.sqrt(value) for name, value in squared.items()}
+
+
+@torch.no_grad()
+def parameter_distance(source: torch.nn.Module, anchor: torch.nn.Module, layout: ModelLayout) -> dict:
+    """The Euclidean distance between two models' parameters (tied tensors once, see compared_keys; tensors of
+    different shapes, such as task heads of other label counts, left out), total and per module type."""
+    a = layout.canonical(source.state_dict())
+    b = layout.canonical(anchor.state_dict())
+    squared = SquaredDistances(compared_keys(list(a), a, b, tied_names(source), tied_names(anchor)), layout)
+    squared.add(a, b)
+    return squared.distances()
+
+
+def distance_fields(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
+    """A match report's distances: the totals, and the distances by module type ("total" among them)."""
+    return {"distance_before": before.get("total", 0.0), "distance_after": after.get("total", 0.0),
+            "distance_before_by_module": dict(before), "distance_after_by_module": dict(after)}
+
+
 def probe_inputs(config, batch_size: int = 2, seq_len: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
     """Deterministic random inputs for a model family: token ids (with padding) or pixels."""
     gen = torch.Generator().manual_seed(seed)

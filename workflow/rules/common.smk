@@ -133,16 +133,29 @@ wildcard_constraints:
 # ---------------------------------------------------------------- the conf files a profile names
 
 
+# The matching and fusion groups are the library's presets (package data of symfusion); the others the pipeline's conf/.
+PRESETS_DIR = "src/symfusion/presets"
+
+
+def conf_dir(group):
+    return f"{PRESETS_DIR}/{group}" if group in ("matching", "fusion") else f"conf/{group}"
+
+
+def conf_file(group, name):
+    """The yaml of option `name` of config group `group`, where symfusion's Hydra composition finds it."""
+    return f"{conf_dir(group)}/{name}.yaml"
+
+
 def conf_options(group):
-    return sorted(p[:-5] for p in os.listdir(f"conf/{group}") if p.endswith(".yaml"))
+    return sorted(p[:-5] for p in os.listdir(conf_dir(group)) if p.endswith(".yaml"))
 
 
 def check_conf_names(named):
-    """Every (profile key, conf group, name) must be a conf/<group>/<name>.yaml: a typo fails here, not inside a
+    """Every (profile key, conf group, name) must be a <group>/<name>.yaml (conf_file): a typo fails here, not inside a
     job (for a language matching: not after the fine-tunings have run)."""
     for key, group, name in named:
-        if not os.path.isfile(f"conf/{group}/{name}.yaml"):
-            fail(f"{PROFILE_FILE}: {key}: {name!r} is no conf/{group}/{name}.yaml; choose one of "
+        if not os.path.isfile(conf_file(group, name)):
+            fail(f"{PROFILE_FILE}: {key}: {name!r} is no {conf_file(group, name)}; choose one of "
                  + ", ".join(conf_options(group)))
 
 
@@ -186,8 +199,8 @@ def end_model_threads(wildcards):
 
 
 def matching_conf(name):
-    """conf/matching/<name>.yaml with its `defaults` bases merged in (as symfusion's config.load_group reads it)."""
-    with open(f"conf/matching/{name}.yaml") as handle:
+    """The matching preset <name>.yaml with its `defaults` bases merged in (as symfusion.presets.load_preset reads it)."""
+    with open(conf_file("matching", name)) as handle:
         conf = yaml.safe_load(handle) or {}
     merged = {}
     for base in [d for d in conf.pop("defaults", []) if d != "_self_"]:

@@ -80,17 +80,17 @@ def check_registry():
                             fail(f"{where}: the {track} track has no matching of the profile; name the matchings")
                         continue
                     shown.add(matching)
-                    if not os.path.isfile(f"conf/matching/{matching}.yaml"):
-                        fail(f"{where}: matching {matching!r} is no conf/matching/{matching}.yaml; choose one of "
+                    if not os.path.isfile(conf_file("matching", matching)):
+                        fail(f"{where}: matching {matching!r} is no {conf_file('matching', matching)}; choose one of "
                              + ", ".join(conf_options("matching")))
-                    if not str((read_yaml(f"conf/matching/{matching}.yaml", "matching") or {}).get("label") or "").strip():
-                        fail(f"{where}: conf/matching/{matching}.yaml has no label: (its name in tables and figures)")
+                    if not str((read_yaml(conf_file("matching", matching), "matching") or {}).get("label") or "").strip():
+                        fail(f"{where}: {conf_file('matching', matching)} has no label: (its name in tables and figures)")
                 for method in spec.get("methods", []):
-                    if not os.path.isfile(f"conf/fusion/{method}.yaml"):
-                        fail(f"{where}: fusion method {method!r} is no conf/fusion/{method}.yaml")
+                    if not os.path.isfile(conf_file("fusion", method)):
+                        fail(f"{where}: fusion method {method!r} is no {conf_file('fusion', method)}")
         for method in entry.get("methods", []):
-            if not os.path.isfile(f"conf/fusion/{method}.yaml"):
-                fail(f"{where}: methods: {method!r} is no conf/fusion/{method}.yaml")
+            if not os.path.isfile(conf_file("fusion", method)):
+                fail(f"{where}: methods: {method!r} is no {conf_file('fusion', method)}")
         named = list(entry.get("labels", {})) + list(entry.get("paper_columns", {})) + list(entry.get("effect", {}).values())
         for matching in named:
             if matching not in shown:

@@ -8,7 +8,8 @@ the others are sources, usually already matched onto it (statistics such as Fish
 matrices are then computed on the matched models, as they must be). `batches` are inputs of
 the task (dicts a model's forward takes, with `labels`), for methods that read data. Fisher and
 RegMean read them through one statistic per model (F_i, G_i), which a caller may precompute.
-conf/fusion/<name>.yaml holds the values the pipeline uses; `check_fusion_config` checks it.
+Each option's value lives in its declaration (defaults per model family); presets/fusion/<name>.yaml adds the
+batches the merge stage loads, and `check_fusion_config` checks a config against the declaration.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def fusion_method(name: str) -> FusionMethod:
 
 
 def check_fusion_config(config: Mapping[str, Any]) -> FusionMethod:
-    """Check a fusion config (conf/fusion/<name>.yaml plus overrides) against its method's declaration."""
+    """Check a fusion config (presets/fusion/<name>.yaml plus overrides) against its method's declaration."""
     method = fusion_method(config.get("name"))
     check_config(method, config)
     return method

@@ -181,6 +181,9 @@ def _fuse(models: list, fishers: list[dict], epsilon: float, normalize: str, pla
     return merged
 
 
+# The defaults: Fisher merging; ViT as the reference's vit-fusion/experiments/fisher.yaml (fisher_normalize: param,
+# fisher_smooth 1e-10, 1,000 validation images one per batch, "embedding"/"classifier" tensors averaged:
+# otfusion/avg_merger.py); text models keep the NLP settings (no normalisation).
 METHOD = FusionMethod(
     "fisher", _fuse, "diagonal-Fisher weighted average of every parameter", reads_data=True, label="Fisher",
     statistic=_statistic, statistic_options=("num_examples", "chunk_size"),

@@ -9,8 +9,9 @@ per-family values before the maths runs.
 Per-family values. Any option may be given as one value or as a mapping from model family
 (families.FAMILIES, i.e. config.model_type) to value, with an optional `default` entry for the other
 families: `normalize: {vit: param, default: none}`. The references ran the ViT experiments and the
-language experiments with different settings; conf/fusion/<name>.yaml states both this way, so the
-same file serves the vision and the language merges.
+language experiments with different settings; each Option's default states both this way, so the
+same declaration serves the vision and the language merges (presets/fusion/<name>.yaml adds only what the
+merge stage reads itself: num_batches).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from symfusion.families import FAMILIES
 from symfusion.errors import SymfusionError
 from symfusion.fusion.common import batches_of
 
-# Keys of conf/fusion/<name>.yaml that the merge stage reads itself: never passed to the method.
+# Keys of presets/fusion/<name>.yaml that the merge stage reads itself: never passed to the method.
 STAGE_KEYS = ("name", "num_batches")
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list of strings"}
@@ -186,7 +187,7 @@ def family_of_models(models: list) -> str | None:
 
 
 def check_config(method: FusionMethod, config: Mapping[str, Any]) -> None:
-    """Check conf/fusion/<name>.yaml (after overrides) against the declaration: its name, the stage's
+    """Check presets/fusion/<name>.yaml (after overrides) against the declaration: its name, the stage's
     num_batches (data methods only, an integer >= 1) and every option; raises naming the first bad key."""
     if config.get("name") != method.name:
         raise SymfusionError(f"fusion config for {method.name!r} says name: {config.get('name')!r}")

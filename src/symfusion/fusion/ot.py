@@ -115,6 +115,16 @@ _ACTS = (
            nullable=True),
 )
 
+# ot_acts' defaults: OT fusion on activations as the reference's vit-fusion/experiments/fuse_hf_vit_cifar10.yaml
+# (Sinkhorn reg 0.08, Euclidean cost / max, resid_policy mean, 200 validation images, window_6 + CLS-only last
+# layer, masks the reference applies on its 8x8 patch grid only; we centre them on any grid); text models (not in
+# the reference): every non-padded token.
+# ot_acts_emd: OT fusion on activations with exact EMD, as the reference's
+# vit-fusion/experiments/fuse_pi_vit_cifar10.yaml (ot_solver: emd; otherwise as ot_acts); text models (not in the
+# reference): every non-padded token.
+# ot_wts: OT fusion on weights: the reference has no wts config file; this is its fuse_hf_vit_cifar10.yaml with
+# type: wts (normalised rows without biases, Euclidean cost / max, resid_policy mean) and Sinkhorn reg 0.06 from
+# that file's "optima 0.06 with wts" comment.
 ACTS = FusionMethod("ot_acts", _fuse_acts, "OT fusion, Sinkhorn maps from standardized activations",
                     options=(_reg(0.08),) + _ACTS, reads_data=True, label="OT-ACTS")
 ACTS_EMD = FusionMethod("ot_acts_emd", _fuse_acts_emd, "OT fusion, exact EMD maps from standardized activations",

@@ -128,6 +128,9 @@ def _fuse(models: list, grams: list[dict], alpha: float, anchor_keys: list[str])
     return merged
 
 
+# The defaults: RegMean; ViT as the reference's vit-fusion/experiments/regmean.yaml (regmean_diag: true = alpha 0,
+# 1,000 validation images, the anchor's classifier weight kept by multi_label_head_special); text models: alpha 0.1
+# (the NLP reference's RoBERTa value; the language merges pass 0.1 or 0.9 themselves).
 METHOD = FusionMethod(
     "regmean", _fuse, "closed-form merge of every linear layer from its input Gram matrices", reads_data=True,
     label="RegMean",

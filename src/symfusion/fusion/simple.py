@@ -25,5 +25,6 @@ def _fuse(models: list, batches=None) -> dict:
     return average_states([m.state_dict() for m in models])
 
 
+# As the reference's vanilla_fusion_old (vit-fusion/otfusion/ot_utils.py).
 METHOD = FusionMethod("simple", _fuse, "parameter average", reads_data=False, label="Simple")
 merge = METHOD.merge

@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout, resolve_layers
-from symfusion.config import load_group
+from symfusion.presets import load_preset
 from symfusion.errors import SymfusionError
 from symfusion.matching.baselines import match_attention_permutation, match_ffn_ot
 from symfusion.matching.heads import match_heads
@@ -42,6 +42,19 @@ FFN_CHOICES = ("none", "permutation", "ot")
 RESIDUAL_CHOICES = ("none", "permutation", "orthogonal", "auto")
 RESIDUAL_SOLVES = ("weights", "activations")
 REFINE_CHOICES = ("none", "loss")
+MULTI_CHOICES = ("anchor", "barycenter")     # k >= 2 models (matching/multi.py): each onto the first, or a barycenter
+# Keys of a matching preset that are not MatchConfig fields: its name, its label in tables, the k-model method.
+PRESET_KEYS = ("name", "label", "multi")
+
+
+def _choice(key: str, value, choices: tuple) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise SymfusionError(f"matching.{key}={value!r}; choose one of {', '.join(choices)}")
+
+
+def _flag(key: str, value, optional: bool = False) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise SymfusionError(f"matching.{key}={value!r} must be true or false" + (" or null" if optional else ""))
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ class MatchConfig:
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss of the two models' midpoint over the
     continuous part of the symmetry (matching/learned.py, needs data) for refine_steps steps.
+    This declaration is the one place that says what each setting may be: the presets, align() and every
+    command's matching.* overrides are checked here.
     """
 
     attention: str = "rotation"
@@ -70,27 +85,25 @@ class MatchConfig:
     refine_steps: int = 200
 
     def __post_init__(self):
-        if self.attention not in ATTENTION_CHOICES:
-            raise SymfusionError(f"matching.attention={self.attention!r}; choose one of {ATTENTION_CHOICES}")
-        if self.ffn not in FFN_CHOICES:
-            raise SymfusionError(f"matching.ffn={self.ffn!r}; choose one of {FFN_CHOICES}")
+        _choice("attention", self.attention, ATTENTION_CHOICES)
+        _flag("rescale", self.rescale)
+        _choice("ffn", self.ffn, FFN_CHOICES)
+        _flag("joint", self.joint)
+        _flag("heads", self.heads, optional=True)
+        _choice("residual", self.residual, RESIDUAL_CHOICES)
+        _choice("residual_solve", self.residual_solve, RESIDUAL_SOLVES)
+        _choice("refine", self.refine, REFINE_CHOICES)
+        if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 1:
+            raise SymfusionError(f"matching.refine_steps={self.refine_steps!r} must be an integer >= 1")
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
         if self.joint and not (self.attention == "rotation" and self.rescale):
             raise SymfusionError("matching.joint=true needs matching.attention=rotation and matching.rescale=true")
         if self.heads and self.attention == "none":
             raise SymfusionError("matching.heads=true needs matching.attention=rotation or permutation")
-        if self.residual not in RESIDUAL_CHOICES:
-            raise SymfusionError(f"matching.residual={self.residual!r}; choose one of {RESIDUAL_CHOICES}")
-        if self.residual_solve not in RESIDUAL_SOLVES:
-            raise SymfusionError(f"matching.residual_solve={self.residual_solve!r}; choose one of {RESIDUAL_SOLVES}")
-        if self.refine not in REFINE_CHOICES:
-            raise SymfusionError(f"matching.refine={self.refine!r}; choose one of {REFINE_CHOICES}")
         if (self.residual_solve != "weights" or self.refine != "none") and self.residual == "none":
             raise SymfusionError("matching.residual_solve and matching.refine act on the residual map: set "
                                  "matching.residual=permutation, orthogonal or auto")
-        if self.refine_steps < 1:
-            raise SymfusionError(f"matching.refine_steps={self.refine_steps} must be >= 1")
 
     @property
     def needs_data(self) -> bool:
@@ -109,19 +122,22 @@ class MatchConfig:
 
     @classmethod
     def from_mapping(cls, matching) -> "MatchConfig":
-        """A MatchConfig from a matching config (conf/matching/<name>.yaml or cfg.matching with its overrides);
-        keys that are not matching settings (name, multi) are ignored."""
-        heads = matching.get("heads")
-        return cls(attention=str(matching.get("attention", "rotation")), rescale=bool(matching.get("rescale", True)),
-                   ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)),
-                   heads=None if heads is None else bool(heads), residual=str(matching.get("residual", "none")),
-                   residual_solve=str(matching.get("residual_solve", "weights")),
-                   refine=str(matching.get("refine", "none")), refine_steps=int(matching.get("refine_steps", 200)))
+        """A MatchConfig from a matching preset (presets/matching/<name>.yaml) or cfg.matching with its overrides,
+        every value checked as it is given (no conversion); the preset's name, label and multi (checked here too)
+        are not matching settings of a pair."""
+        given = dict(matching.items())
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(given) - set(fields) - set(PRESET_KEYS))
+        if unknown:
+            raise SymfusionError(f"matching.{unknown[0]} is not a matching setting; the settings are {', '.join(fields)}")
+        if given.get("multi") is not None:
+            _choice("multi", given["multi"], MULTI_CHOICES)
+        return cls(**{key: given[key] for key in fields if key in given})
 
 
 def matching_config(name: str) -> MatchConfig:
-    """The matching variant `name`, read from conf/matching/<name>.yaml (the one definition of each variant)."""
-    return MatchConfig.from_mapping(load_group("matching", name))
+    """The matching variant `name`, read from presets/matching/<name>.yaml (the one definition of each variant)."""
+    return MatchConfig.from_mapping(load_preset("matching", name))
 
 
 @dataclass

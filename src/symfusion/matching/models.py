@@ -24,7 +24,7 @@ def match_models(
 ) -> MatchResult:
     """Find the transform moving `source` onto `anchor` (both state dicts of one layout).
 
-    config: a MatchConfig or the name of a conf/matching variant. With config.residual (full_symmetry) the
+    config: a MatchConfig or the name of a matching preset (presets/matching/). With config.residual (full_symmetry) the
     residual stream is matched too (matching/whole.py): then every layer is matched, `data` feeds
     residual_solve=activations and refine=loss, and `tied` says whether an lm_head is tied to the embeddings
     (None: read from the state, where a tied lm_head shares the embeddings' storage or is absent)."""

@@ -25,12 +25,12 @@ import torch
 
 from symfusion.arch import ModelLayout, resolve_layers
 from symfusion.errors import SymfusionError
-from symfusion.matching.compose import MatchConfig, StageClock, match_layer, matching_config
+from symfusion.matching.compose import MULTI_CHOICES, MatchConfig, StageClock, match_layer, matching_config
 from symfusion.matching.models import match_many
 from symfusion.measures import distance, float64_blocks
 from symfusion.symmetry import LayerTransform, Transform, apply_transform
 
-METHODS = ("anchor", "barycenter")
+METHODS = MULTI_CHOICES
 
 
 # ---------------------------------------------------------------- group operations

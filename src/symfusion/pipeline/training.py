@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from symfusion.errors import SymfusionError
-from symfusion.outputs import folder_marker
+from symfusion.io.outputs import folder_marker
 
 # A folder is a previous output of a trainer when it holds a training report.
 TRAIN_MARKER = folder_marker("train.json", ("best_epoch", "history"))

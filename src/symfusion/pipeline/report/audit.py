@@ -8,7 +8,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from symfusion.provenance import provenance
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import Built, read_paper_table, signed_markdown, unsigned_markdown
 

@@ -2,7 +2,7 @@
 
 One entry per artefact (its kind, track, writer module, title, caption, paper table, order of methods, the
 matchings its inputs declare); the workflow builds the same entries' inputs (workflow/rules/experiments.smk).
-Labels live with what they label: a matching's in its conf/matching/<name>.yaml (`label:`, read here), a
+Labels live with what they label: a matching's in its presets/matching/<name>.yaml (`label:`, read here), a
 fusion method's on its declaration (FusionMethod.label, read by results.method_label); an entry may rename
 a matching for itself (`labels:`). A missing label is an error, never a silent drop. (No torch here:
 symfusion-compare reads the registry too.)
@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from symfusion.config import CONF_DIR, load_group
+from symfusion.pipeline.config import CONF_DIR, load_group
 from symfusion.errors import SymfusionError
 
 REGISTRY_FILE = CONF_DIR / "experiments.yaml"
@@ -118,8 +118,8 @@ def experiment(artefact: str) -> Experiment:
 
 @lru_cache(maxsize=None)
 def matching_label(name: str) -> str:
-    """The `label:` of conf/matching/<name>.yaml: what tables and figures call the matching."""
+    """The `label:` of presets/matching/<name>.yaml: what tables and figures call the matching."""
     label = load_group("matching", name).get("label")
     if not isinstance(label, str) or not label.strip():
-        raise SymfusionError(f"conf/matching/{name}.yaml has no label: (its name in tables and figures); add one")
+        raise SymfusionError(f"presets/matching/{name}.yaml has no label: (its name in tables and figures); add one")
     return label

@@ -19,10 +19,10 @@ from pathlib import Path
 import jsonschema
 import matplotlib
 
-from symfusion.config import CONF_DIR
+from symfusion.pipeline.config import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS
-from symfusion.outputs import safe_output
+from symfusion.io.outputs import safe_output
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the writers' plotting module, without a display)

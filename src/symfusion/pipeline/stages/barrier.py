@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 
 from symfusion.interpolation import loss_path
-from symfusion.modelio import write_json
-from symfusion.outputs import file_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import file_marker, safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.stages.common import load_models, matching_of
 
 BARRIER_MARKER = file_marker(("path", "barrier"))

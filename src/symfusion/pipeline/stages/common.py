@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from symfusion.families import check_compatible, family_spec
+from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.measures import model_outputs, probe_inputs
-from symfusion.modelio import load_config, load_model
+from symfusion.io.modelio import load_config, load_model
 
 
 def require_folder(value, name: str) -> Path:
@@ -39,17 +39,6 @@ def check_same_shapes(models: list, dirs: list[Path]) -> None:
                     f"{path} and {dirs[0]} differ in {key!r} ({tuple(tensor.shape)} vs {found}); "
                     "models with different task heads cannot be fused whole: fuse models of one label space"
                 )
-
-
-def check_same_body(model, other, path, other_path) -> None:
-    """Raise naming the first body tensor (embeddings, layers) whose shape differs between two models;
-    task heads may differ (models of different tasks are matched and their bodies fused)."""
-    state, others = model.state_dict(), other.state_dict()
-    for key in family_spec(model.config).body_keys(state):
-        if key not in others or others[key].shape != state[key].shape:
-            found = tuple(others[key].shape) if key in others else "missing"
-            raise SymfusionError(f"{path} and {other_path} differ in {key!r} ({tuple(state[key].shape)} vs {found}); "
-                                 "they are not models of one architecture")
 
 
 def load_models(paths: list[str], same_shapes: bool = True) -> list[torch.nn.Module]:

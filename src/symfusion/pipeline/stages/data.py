@@ -1,9 +1,9 @@
 """The data stage: check a task's source and record its fixed, seeded splits (sizes, checksums) as JSON."""
 from __future__ import annotations
 
-from symfusion.modelio import write_json
-from symfusion.outputs import file_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import file_marker, safe_output
+from symfusion.io.provenance import provenance
 
 DATA_MARKER = file_marker(("splits", "split_seed"))
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from symfusion.errors import SymfusionError
-from symfusion.modelio import compute_device, load_model, write_json
-from symfusion.outputs import file_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import compute_device, load_model, write_json
+from symfusion.io.outputs import file_marker, safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.training import autocast, use_autocast
 
 # A file is a previous output of this stage (or of the merge stage's in-process evaluation) when it is an

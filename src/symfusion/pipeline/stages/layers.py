@@ -19,10 +19,11 @@ from symfusion.arch import layout_of
 from symfusion.families import family_spec
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.modelio import write_json
-from symfusion.outputs import file_marker, safe_output
-from symfusion.provenance import provenance
-from symfusion.pipeline.stages.common import check_same_body, load_models
+from symfusion.io.modelio import write_json
+from symfusion.io.outputs import file_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.loaded import check_same_body
+from symfusion.pipeline.stages.common import load_models
 from symfusion.symmetry import apply_transform
 
 
@@ -62,7 +63,7 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
                     examples: int | None = None, resolved_config: dict | None = None,
                     matching_name: str | None = None) -> dict:
     """Sweep layer subsets for the pair (anchor, source) with the matching `matching` and write the rows as JSON."""
-    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+    if isinstance(matching, str):                  # a variant by name: presets/matching/<name>.yaml
         matching_name, matching = matching, matching_config(matching)
     if len(tasks) != 2:
         raise SymfusionError("tasks=[ANCHOR_TASK,SOURCE_TASK]: one task per model")

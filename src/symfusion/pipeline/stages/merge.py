@@ -10,13 +10,13 @@ import torch
 from omegaconf import OmegaConf
 
 from symfusion.arch import check_finite
-from symfusion.config import group_path
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
 from symfusion.fusion.common import batches_of
-from symfusion.modelio import compute_device, copy_auxiliary_files, write_json
-from symfusion.outputs import folder_marker, safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import compute_device, copy_auxiliary_files, write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.presets import load_preset
 from symfusion.pipeline.training import autocast, use_autocast
 from symfusion.pipeline.stages.common import fusion_batches, load_models, matching_of
 from symfusion.pipeline.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
@@ -29,9 +29,12 @@ DATA_OPTIONS = STAGE_KEYS
 
 
 def fusion_config(name: str, overrides: dict | None = None) -> dict:
-    """conf/fusion/<name>.yaml as a dict with `overrides` (e.g. num_batches, alpha) on top, checked against the
-    method's declared options (fusion/options.py): an unknown or badly typed option is one error line."""
-    fusion = {**OmegaConf.to_container(OmegaConf.load(group_path("fusion", name)), resolve=True), **(overrides or {})}
+    """The fusion preset <name>.yaml (name, num_batches) with every option the method declares at its default
+    (fusion/options.py, the one place of each value), `overrides` (e.g. num_batches, alpha) on top, checked against
+    the declaration: an unknown or badly typed option is one error line."""
+    preset = OmegaConf.to_container(load_preset("fusion", name), resolve=True)
+    defaults = copy.deepcopy(fusion_method(preset.get("name")).defaults())
+    fusion = {**preset, **{k: v for k, v in defaults.items() if k not in preset}, **(overrides or {})}
     check_fusion_config(fusion)
     return fusion
 

@@ -21,7 +21,7 @@ import torch
 
 from symfusion.errors import SymfusionError
 from symfusion.fusion import merge_models
-from symfusion.modelio import load_model
+from symfusion.io.modelio import load_model
 
 CLIENTS = ("symfusion", "mergekit")
 MERGEKIT_CLI = "mergekit-yaml"

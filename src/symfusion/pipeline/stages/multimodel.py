@@ -20,11 +20,11 @@ from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
 from symfusion.measures import distance
-from symfusion.modelio import copy_auxiliary_files, write_json
-from symfusion.outputs import file_marker, folder_marker, safe_output
-from symfusion.provenance import provenance
-from symfusion.rewrite import as_stored, plan_like, write_like
-from symfusion.sharded import tolerance_for
+from symfusion.io.modelio import copy_auxiliary_files, write_json
+from symfusion.io.outputs import file_marker, folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.io.checks import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
 
@@ -109,7 +109,7 @@ def run_multimodel(
     With output_models_dir, the models matched by the `multi` method (anchor | barycenter) are written there
     (one folder, <dir>/0, <dir>/1, ... and models.json, replaced as a whole).
     """
-    if isinstance(matching, str):                  # a variant by name: conf/matching/<name>.yaml
+    if isinstance(matching, str):                  # a variant by name: presets/matching/<name>.yaml
         matching_name, matching = matching, matching_config(matching)
     if multi not in METHODS:
         raise SymfusionError(f"matching.multi={multi!r}; choose one of {', '.join(METHODS)}")

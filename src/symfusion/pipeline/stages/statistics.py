@@ -25,9 +25,9 @@ from safetensors.torch import save_file
 
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method
-from symfusion.modelio import compute_device, load_model
-from symfusion.outputs import safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import compute_device, load_model
+from symfusion.io.outputs import safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.stages.common import fusion_batches, require_folder
 from symfusion.pipeline.training import autocast, use_autocast
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from symfusion.config import load_group, profile_sources
+from symfusion.pipeline.config import load_group, profile_sources
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.base import Task
 from symfusion.pipeline.tasks.causal_lm import CausalLMTask

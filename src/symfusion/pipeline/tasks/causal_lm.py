@@ -17,7 +17,7 @@ import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from symfusion.errors import SymfusionError
-from symfusion.modelio import load_model, load_tokenizer
+from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text.bpe import tokenizer_digest, tokenizer_from_json, train_bpe
 from symfusion.pipeline.data.text.lm import (LMDocuments, blocks_digest, load_lm_documents, seeded_rows, token_blocks,

@@ -14,9 +14,9 @@ from torch.utils.data import DataLoader
 
 from symfusion.pipeline.data import load_image_splits
 from symfusion.errors import SymfusionError
-from symfusion.modelio import compute_device, write_json
-from symfusion.outputs import safe_output
-from symfusion.provenance import provenance
+from symfusion.io.modelio import compute_device, write_json
+from symfusion.io.outputs import safe_output
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.tasks.base import Task, plain
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
                                 remove_checkpoint, use_autocast)

@@ -17,12 +17,12 @@ import transformers
 from torch.utils.data import DataLoader, TensorDataset
 
 from symfusion.errors import SymfusionError
-from symfusion.modelio import compute_device, write_json
-from symfusion.outputs import safe_output
+from symfusion.io.modelio import compute_device, write_json
+from symfusion.io.outputs import safe_output
 from symfusion.pipeline.data.text.bpe import tokenizer_digest
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
                                          remove_checkpoint, use_autocast)
-from symfusion.provenance import provenance
+from symfusion.io.provenance import provenance
 
 SCHEDULE = "cosine"        # linear warmup, then cosine decay to 0 (training.warmup_cosine), as LM pretraining does
 # conf/model/llama_*.yaml: the fields a Llama-layout decoder is built from, and the defaults of the optional ones

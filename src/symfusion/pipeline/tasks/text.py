@@ -12,10 +12,10 @@ import transformers
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
-from symfusion.modelio import compute_device, load_tokenizer, to_device, write_json
-from symfusion.outputs import safe_output
+from symfusion.io.modelio import compute_device, load_tokenizer, to_device, write_json
+from symfusion.io.outputs import safe_output
 from symfusion.pipeline.packing import padding_free, token_maps
-from symfusion.provenance import provenance
+from symfusion.io.provenance import provenance
 from symfusion.pipeline.tasks.base import Task, plain
 from symfusion.pipeline.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
                                            text_loader)

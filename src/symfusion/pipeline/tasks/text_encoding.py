@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from symfusion.families import family_spec
 from symfusion.pipeline.data.text import KINDS as TEXT_KINDS
 from symfusion.errors import SymfusionError
-from symfusion.modelio import load_model, to_device
+from symfusion.io.modelio import load_model, to_device
 from symfusion.pipeline.packing import padding_free, token_maps
 from symfusion.pipeline.text_metrics import get_metric
 

@@ -1,0 +1,122 @@
+"""Matching models held in memory: two nn.Modules, or two model folders loaded whole and the matched one written in the source folder's layout.
+
+align() on nn.Modules matches here; so does align() on folders where the whole models are needed or cheap:
+the data-driven variants (residual_solve=activations, refine=loss run the models on data) and the whole-group
+variants of a pair that fits in memory (there the in-memory descent of matching/whole.py is exact, where the
+streamed one of sharded_whole.py agrees with it to rounding). The maths is one call of match_models; what is
+reported is the same for both entries: the parameters' distance before and after (measures.parameter_distance:
+tied tensors once), the relative change of the outputs on probe inputs (as stored: dtype rounding included).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
+from symfusion.errors import SymfusionError
+from symfusion.families import check_compatible, family_spec
+from symfusion.io.checks import tolerance_for
+from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
+from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.matching import MatchConfig, MatchData, match_models
+from symfusion.measures import distance_fields, model_outputs, parameter_distance, probe_inputs
+from symfusion.symmetry import apply_transform
+
+
+def tied(model: torch.nn.Module) -> bool:
+    """Whether the module's output embeddings are its input embeddings (one parameter)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    weight = getattr(head, "weight", None)
+    return weight is not None and weight is getattr(embeddings, "weight", None)
+
+
+def output_change(model: torch.nn.Module, other: torch.nn.Module) -> float:
+    """max |f_other(x) - f(x)| / max |f(x)| on probe inputs (measures.probe_inputs, in the model's dtype)."""
+    inputs = probe_inputs(model.config)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(next(model.parameters()).dtype)
+    before = model_outputs(model, inputs)
+    return ((model_outputs(other, inputs) - before).abs().max() / before.abs().max().clamp_min(1e-30)).item()
+
+
+def _match(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig, layers, last_layers, data):
+    """(layout, match result, the moved source state in at least float32, seconds) of two loaded models."""
+    check_compatible(source.config, anchor.config)
+    # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
+    state = {k: v.float() if v.is_floating_point() and v.dtype in (torch.float16, torch.bfloat16) else v
+             for k, v in source.state_dict().items()}
+    anchor_state = anchor.state_dict()
+    check_finite(state, "source model")
+    check_finite(anchor_state, "anchor model")
+    layout = layout_of(source.config, state)
+    check_same_layout(layout, layout_of(anchor.config, anchor_state))
+    start = time.perf_counter()
+    match_data = MatchData(copy.deepcopy(source).float(), list(data)) if data else None
+    result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
+                          tied=tied(source))
+    moved = apply_transform(state, layout, result.transform)
+    return layout, result, moved, time.perf_counter() - start
+
+
+def match_modules(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig, layers, last_layers,
+                  tolerance: float, data=None) -> tuple[torch.nn.Module, object, dict]:
+    """(the matched copy of `source`, the transform, report fields); the source is left as it is."""
+    dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
+    layout, result, moved, seconds = _match(source, anchor, config, layers, last_layers, data)
+    matched = copy.deepcopy(source)
+    matched.load_state_dict(moved)                    # cast back to the source's dtypes
+    change, limit = output_change(source, matched), tolerance_for(dtypes, tolerance)
+    if not change <= limit:                                   # NaN fails too
+        raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "
+                             "report this as a bug")
+    return matched.eval(), result.transform, {
+        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers),
+        **distance_fields(parameter_distance(source, anchor, layout), parameter_distance(matched, anchor, layout)),
+        "relative_output_change": change, "tolerance": limit, "seconds": seconds,
+        "seconds_by_stage": result.seconds, "residual": result.residual}
+
+
+def check_same_body(model, other, path, other_path) -> None:
+    """Refuse (one line) two folders whose body tensors (embeddings, layers) differ in shape; task heads may."""
+    state, others = model.state_dict(), other.state_dict()
+    for key in family_spec(model.config).body_keys(state):
+        if key not in others or others[key].shape != state[key].shape:
+            found = tuple(others[key].shape) if key in others else "missing"
+            raise SymfusionError(f"{path} and {other_path} differ in {key!r} ({tuple(state[key].shape)} vs {found}); "
+                                 "they are not models of one architecture")
+
+
+def match_folders_in_memory(source: Path, anchor: Path, output, config: MatchConfig, layers, last_layers,
+                            tolerance: float, data=None, tmp: Path | None = None):
+    """Match two folders loaded whole; write the matched folder into `tmp` (or `output`) with the source's shards,
+    index, dtypes and config (where each moved tensor has its own entry in the source's files; save_pretrained
+    otherwise); returns (transform, report fields). The outputs are checked on the weights as written."""
+    check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
+    model, anchor_model = load_model(source), load_model(anchor)         # each checked finite
+    check_same_body(model, anchor_model, source, anchor)
+    layout, result, moved, seconds = _match(model, anchor_model, config, layers, last_layers, data)
+    file_state, dtypes = plan_like(model, model.state_dict(), moved, source)
+    stored = as_stored(moved, dtypes)
+    limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, tolerance)
+    matched = copy.deepcopy(model)
+    matched.load_state_dict(stored)
+    change = output_change(model, matched)
+    if not change <= limit:                                   # NaN fails too
+        raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative "
+                             f"(> {limit:.3g}); not writing {output}. Report this as a bug")
+    target = Path(tmp or output)
+    target.mkdir(parents=True, exist_ok=True)
+    if file_state is not None:
+        write_like(source, file_state, target)
+    else:
+        matched.save_pretrained(str(target), safe_serialization=True)
+        copy_auxiliary_files(source, target)
+    return result.transform, {
+        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers),
+        **distance_fields(parameter_distance(model, anchor_model, layout),
+                          parameter_distance(matched, anchor_model, layout)),
+        "relative_output_change": change, "tolerance": limit, "seconds": seconds,
+        "seconds_by_stage": result.seconds, "residual": result.residual}

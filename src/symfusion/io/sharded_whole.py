@@ -1,0 +1,220 @@
+"""Folders matched over the whole symmetry group (matching.residual): the coordinate descent streamed over memory-mapped layers.
+
+matching/whole.py alternates block solves and a residual solve on whole state dicts; a 7B pair does not fit
+in memory, so here every alternation is one pass over the layers, read from the shards one at a time:
+given the residual map R, each layer's block solve sees only that layer (moved by R, folded), and given the
+blocks, the residual cross product M is a sum over layers plus the tensors outside them (embeddings, final
+norm, head; read once). The distance separates over layers too, so each layer keeps the better of its new
+and its previous block transform, and the descent never rises. The first map comes from the tensors no
+block solve touches; the paper's block matching (R = I) is a candidate, as in matching/whole.py, whose
+maths this streams (the result equals it: tests/test_residual_folders.py). The writing pass folds, moves and
+unfolds each layer with the gains closest to the anchor (gauge_gains), applies its block transform and checks
+the block on the moved stream (block'(R h) = R block(h)); the whole model's logits are checked when it is small.
+Cost: each alternation reads both models once and repeats every layer's block solves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from symfusion.arch import ModelLayout
+from symfusion.errors import SymfusionError
+from symfusion.matching import MatchConfig
+from symfusion.matching.compose import StageClock, match_blocks
+from symfusion.matching.residual import gauge_gains, residual_cross, residual_group, solve_residual
+from symfusion.matching.whole import MAX_ITERATIONS, REL_TOL, folded_distance
+from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
+from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
+from symfusion.measures import SquaredDistances, distance_fields
+from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
+from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
+
+
+class _Pair:
+    """Source and anchor folders read as canonical, folded float32 states: per layer, and the tensors outside them."""
+
+    def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout):
+        self.src, self.anc, self.layout, self.stream = src, anc, layout, stream
+        in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
+        self.outside = [k for k in src.weight_map if k not in in_layers and (k in anc.weight_map or k in anc.ties)]
+        self.outside_pair = self._read(self.outside)
+
+    def layer_keys(self, i: int) -> list[str]:
+        prefix = _layer_prefix(self.layout, i)
+        return list(dict.fromkeys(self.layout.stored_keys(self.layout.layer_keys(i))
+                                  + [k for k in self.src.weight_map if k.startswith(prefix)]))
+
+    def _read(self, keys: list[str]) -> tuple[dict, dict]:
+        states = []
+        for folder in (self.src, self.anc):
+            canonical = self.layout.canonical(folder.read(keys, torch.float32))
+            folds = tuple(f for f in self.stream.folds if f.gain in canonical)
+            states.append(fold_norms(canonical, folds))
+        return states[0], states[1]
+
+    def layer(self, i: int) -> tuple[dict, dict]:
+        """(folded source, folded anchor) canonical tensors of layer i."""
+        return self._read(self.layer_keys(i))
+
+
+def _untouched(pair: _Pair) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cross products of the tensors no block solve moves: outside tensors, and each layer's norms and writer biases."""
+    m, g = residual_cross(*pair.outside_pair, pair.stream, current=torch.eye(pair.stream.hidden, dtype=torch.float64))
+    for i in range(pair.layout.num_layers):
+        att, ffn = pair.layout.layers[i].attention, pair.layout.layers[i].ffn
+        keys = [k for k in pair.layer_keys(i) if k not in pair.layout.layer_keys(i)]
+        keys += [p.bias for p in (att.output, ffn.output) if p.bias]
+        layer_m, layer_g = residual_cross(*pair.layer(i), pair.stream, keys=set(keys))
+        m, g = m + layer_m, g + layer_g
+    return m, g
+
+
+def _pass(pair: _Pair, r: torch.Tensor, config: MatchConfig, previous: dict | None, clock: StageClock):
+    """One alternation: each layer's block solve on R fold(source) (kept if closer than its previous one); returns
+    (blocks per layer, folded distance, the residual cross products for the next R)."""
+    stream, layout = pair.stream, pair.layout
+    src_out, anc_out = pair.outside_pair
+    squared = folded_distance(rotate_stream(src_out, stream, r), anc_out) ** 2
+    m, g = residual_cross(src_out, anc_out, stream, current=r)
+    blocks = {}
+    for i in range(layout.num_layers):
+        fs, fa = pair.layer(i)
+        moved = rotate_stream(fs, stream, r)
+        found = match_blocks(moved, fa, layout, config, layers=[i], clock=clock, canonical=True).transform.layers
+        candidates = [found.get(i, LayerTransform())] + ([previous[i]] if previous else [])
+        distances = [folded_distance(apply_blocks(moved, layout, {i: c}), fa) for c in candidates]
+        k = min(range(len(candidates)), key=distances.__getitem__)
+        blocks[i] = candidates[k]
+        squared += distances[k] ** 2
+        with clock("residual"):
+            layer_m, layer_g = residual_cross(apply_blocks(fs, layout, {i: blocks[i]}), fa, stream, current=r)
+        m, g = m + layer_m, g + layer_g
+    return blocks, math.sqrt(squared), (m, g)
+
+
+def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> tuple[dict, float]:
+    """The block matching alone (for the paper's encoders, the paper's), solved on the models as they are, and its
+    distance in the folded gauge: the descent's first candidate."""
+    layout = pair.layout
+    squared = folded_distance(*pair.outside_pair) ** 2
+    blocks = {}
+    for i in range(layout.num_layers):
+        keys = pair.layer_keys(i)
+        raw = [folder.read(keys, torch.float32) for folder in (pair.src, pair.anc)]
+        blocks[i] = match_blocks(*raw, layout, config, layers=[i], clock=clock).transform.layers.get(i, LayerTransform())
+        fs, fa = pair.layer(i)
+        squared += folded_distance(apply_blocks(fs, layout, {i: blocks[i]}), fa) ** 2
+    return blocks, math.sqrt(squared)
+
+
+def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) -> tuple[torch.Tensor, dict, dict]:
+    """(residual map, blocks per layer, info) of the streamed coordinate descent; as in matching/whole.py, the
+    paper's block matching instead where it is closer to the anchor as stored (one more pass)."""
+    eye = torch.eye(pair.stream.hidden, dtype=torch.float64)
+    paper_blocks, paper_distance = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
+    best = (paper_distance, eye, paper_blocks, "paper")
+    with clock("residual"):
+        m, g = _untouched(pair)
+        r = solve_residual(m, group, g)
+    history, previous = [], None
+    for _ in range(MAX_ITERATIONS):
+        blocks, dist, (m, g) = _pass(pair, r, config.blocks(), previous, clock)
+        if history and dist >= history[-1]:
+            break
+        history.append(dist)
+        previous = blocks
+        if dist < best[0]:
+            best = (dist, r, blocks, "descent")
+        if len(history) > 1 and history[-2] - history[-1] <= REL_TOL * history[-2]:
+            break
+        with clock("residual"):
+            r = solve_residual(m, group, g)
+    distance, r, blocks, chosen = best
+    if chosen != "paper" and _stored_distance(pair, eye, paper_blocks) <= _stored_distance(pair, r, blocks):
+        r, blocks, chosen = eye, paper_blocks, "paper, closer as stored"
+    return r, blocks, {"group": group, "residual_solve": "weights", "folded_distance_blocks_only": paper_distance,
+                       "descent": history, "folded_distance": distance, "chosen": chosen,
+                       "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final}
+
+
+def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Path, config: MatchConfig,
+                        max_relative_output_change: float = 1e-3, whole_model_check: bool | None = None,
+                        tmp: Path | None = None) -> tuple[Transform, dict]:
+    """Match the source folder onto the anchor folder over the whole group, streaming layers; write the matched
+    folder into `tmp` (or `output`); returns (transform, report). Memory: a few layers and the outside tensors."""
+    if config.needs_data:
+        raise SymfusionError("matching.residual_solve=activations and matching.refine=loss run the models on data: "
+                             "load them and call align() on the modules (with data=...), or use symfusion-match")
+    src, anc, src_meta, layout = open_pair(source, anchor)
+    stream = stream_layout(layout, src_meta, tied=bool(getattr(src.config, "tie_word_embeddings", False)))
+    group = residual_group(stream, config.residual, layout.family)
+    clock, start = StageClock(), time.perf_counter()
+    pair = _Pair(src, anc, layout, stream)
+    r, blocks, info = _descent(pair, config, group, clock)
+    target = Path(tmp or output)
+    tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
+    writers = open_writers(src, src_meta, target)
+    checker, deviations = BlockCheck(src.config, skeleton=src.skeleton, read=src.read, keys=src.weight_map), {}
+    pairs = distance_pairs(src, anc, layout)
+    before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
+    gains = {}
+    for i, keys, stored_source, anchor_part, moved, part_gains in _moved_parts(pair, r, blocks):
+        gains.update(part_gains)
+        stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}
+        tied_elsewhere = [a for s, a in pairs.values() if s in stored_source and a not in anchor_part]
+        anchors = layout.canonical({**anchor_part, **anc.read(tied_elsewhere, torch.float32)})
+        before.add(layout.canonical(stored_source), anchors)
+        after.add(layout.canonical(stored), anchors)
+        if i is not None:
+            deviations[i] = checker.deviation(_layer_prefix(layout, i), stored_source, stored, r)
+            if not deviations[i] <= tolerance:                                   # NaN fails too
+                raise SymfusionError(f"layer {i}: the matched block changes the source block's output by "
+                                     f"{deviations[i]:.3g} relative (> {tolerance:.3g}); not writing {output}. "
+                                     "Report this as a bug")
+        for key in keys:
+            writers[src.weight_map[key]].write(key, stored[key])
+    finish_folder(src, writers, target)
+    transform = Transform(layers={i: t for i, t in blocks.items() if not t.is_identity()}, residual=ResidualMap(r, gains))
+    report = {"family": layout.family, "layers": list(range(layout.num_layers)), "shards": sorted(writers),
+              **distance_fields(before.distances(), after.distances()), "seconds": time.perf_counter() - start,
+              "block_relative_output_change": {str(i): d for i, d in deviations.items()},
+              "max_block_relative_output_change": max(deviations.values(), default=0.0), "tolerance": tolerance,
+              "seconds_by_stage": {**clock.seconds, "total": time.perf_counter() - start}, "residual": info}
+    check_whole_model(src, src_meta, target, output, tolerance, whole_model_check, report)
+    return transform, report
+
+
+def _moved_parts(pair: _Pair, r: torch.Tensor, blocks: dict):
+    """Per part (the tensors outside the layers, then each layer): (layer index or None, its stored keys, the
+    source's part as stored, the anchor's, the moved part as stored in float32, its norms' gains)."""
+    for i in [None] + list(range(pair.layout.num_layers)):
+        keys = pair.outside if i is None else pair.layer_keys(i)
+        stored_source = pair.src.read(keys, torch.float32)
+        anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map or k in pair.anc.ties], torch.float32)
+        moved, gains = _move(stored_source, anchor_part, pair.layout, pair.stream, r, {} if i is None else {i: blocks[i]})
+        yield i, keys, stored_source, anchor_part, moved, gains
+
+
+def _stored_distance(pair: _Pair, r: torch.Tensor, blocks: dict) -> float:
+    """|T(source) - anchor| as stored, for the candidate (r, blocks), in one pass over the layers."""
+    return math.sqrt(sum((moved[k].double() - t.double()).pow(2).sum().item()
+                         for *_, anchor_part, moved, _ in _moved_parts(pair, r, blocks) for k, t in anchor_part.items()))
+
+
+def _move(stored: Mapping, anchor_stored: Mapping, layout: ModelLayout, stream: StreamLayout, r: torch.Tensor,
+          blocks: dict) -> tuple[dict, dict]:
+    """One part of the source (stored keys) folded, moved by r, its blocks applied, unfolded with the gains closest
+    to the same part of the anchor; (the part in the stored form, those gains). A norm and its readers lie in one
+    part (a layer, or the tensors outside the layers)."""
+    canonical = layout.canonical(stored)
+    folds = tuple(f for f in stream.folds if f.gain in canonical)
+    moved = apply_blocks(rotate_stream(fold_norms(canonical, folds), dataclasses.replace(stream, folds=folds), r),
+                         layout, blocks)
+    gains = gauge_gains(moved, layout.canonical(anchor_stored), folds)
+    moved = unfold_norms(moved, folds, gains)
+    return (layout.stored_form(moved) if layout.stored else moved), gains

@@ -1,0 +1,213 @@
+"""Where the pipeline's Hydra configuration lives (conf/ of the checkout, with the library's presets on its search path), how a group's yaml is read, and how a command line is composed and checked."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Callable
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from symfusion.errors import SymfusionError
+from symfusion.presets import GROUPS as PRESET_GROUPS, PRESETS_DIR, load_preset, preset_names, preset_path
+
+# The pipeline's conf/ (profiles, tasks, models, the stages' configs, experiments.yaml, the paper's CSVs): in the
+# checkout beside src/, never in the wheel. The matching and fusion groups and symfusion-match's own config are the
+# library's presets (symfusion/presets/, package data), found through Hydra's search path.
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+
+
+def group_path(group: str, name: str) -> Path:
+    """<group>/<name>.yaml (a preset of the library, or conf/<group>/ of the pipeline), or a one-line error listing
+    the group's options."""
+    if group in PRESET_GROUPS:
+        return preset_path(group, name)
+    path = CONF_DIR / group / f"{name}.yaml"
+    if not CONF_DIR.is_dir():
+        raise SymfusionError(f"{group} {name!r} is a setting of the pipeline: its conf/{group}/ lies in a checkout of "
+                             "symfusion, not installed with the package")
+    if not isinstance(name, str) or "/" in name or not path.is_file():
+        raise SymfusionError(f"unknown {group} {name!r}; choose one of {', '.join(group_names(group))}")
+    return path
+
+
+def load_group(group: str, name: str) -> DictConfig:
+    """<group>/<name>.yaml with its `defaults` bases of the same group merged in."""
+    if group in PRESET_GROUPS:
+        return load_preset(group, name)
+    config = OmegaConf.load(group_path(group, name))
+    bases = [d for d in config.pop("defaults", []) if d != "_self_"]
+    return OmegaConf.merge(*(load_group(group, base) for base in bases), config) if bases else config
+
+
+def profile_sources(profile) -> dict:
+    """Where a profile's models and datasets come from when not from the Hub: the manifest that
+    profile.sources names ({"models": {name: patch}, "tasks": {name: patch}}), or {} (the Hub, or offline)."""
+    path = (profile or {}).get("sources")
+    if not path:
+        return {}
+    manifest = Path(str(path))
+    if not manifest.is_file():
+        raise SymfusionError(f"profile sources {path} do not exist; write them first (scripts/make_standins.py)")
+    try:
+        return json.loads(manifest.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise SymfusionError(f"profile sources {path} are not a readable manifest; rewrite them") from error
+
+
+def group_names(group: str) -> list[str]:
+    """The option names of a config group (the yaml files of presets/<group>/ or conf/<group>/)."""
+    if group in PRESET_GROUPS:
+        return preset_names(group)
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+# ---------------------------------------------------------------- the command line: composing and checking
+
+def _one_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+_KEY = re.compile(r"[+~]{0,2}[A-Za-z_][\w.\-]*")
+_PARSER = OverridesParser.create()
+
+
+def _quoted(value: str) -> str:
+    """`value` as one Hydra quoted string (backslashes before a quote or the end doubled, quotes escaped)."""
+    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'") + "'"
+
+
+def literal_override(override: str) -> str:
+    """KEY=VALUE as given when Hydra reads it as one plain value (or as a list, dict or quoted string the user
+    wrote); else KEY='VALUE' quoted, so that a path with characters Hydra's grammar leaves out (non-ASCII
+    letters, ', ~, #, &, ;, !, (, =, a comma) is read as the path it is, not refused or split into a sweep."""
+    key, sep, value = override.partition("=")
+    if not sep or not _KEY.fullmatch(key) or not value or value[0] in "[{'\"":
+        return override
+    try:
+        if not _PARSER.parse_override(override).is_sweep_override():
+            return override
+    except (HydraException, OmegaConfBaseException):
+        pass
+    return f"{key}={_quoted(value)}"
+
+
+def search_folders(config_name: str) -> tuple[Path, list[Path]]:
+    """(the folder holding <config_name>.yaml: the library's presets or the pipeline's conf/, the other folders
+    Hydra searches for its groups); a one-line error for a pipeline command run where conf/ is not (a wheel)."""
+    if (PRESETS_DIR / f"{config_name}.yaml").is_file():
+        return PRESETS_DIR, [CONF_DIR] if CONF_DIR.is_dir() else []
+    if not (CONF_DIR / f"{config_name}.yaml").is_file():
+        raise SymfusionError(f"symfusion-{config_name} is a command of the pipeline: run it in a checkout of symfusion "
+                             f"(its configuration, conf/{config_name}.yaml, is not installed with the package)")
+    return CONF_DIR, [PRESETS_DIR]
+
+
+def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
+    """<config_name>.yaml (conf/, or the presets) with the command line's KEY=VALUE overrides; Hydra's errors as
+    one line."""
+    overrides = [literal_override(o) for o in overrides]
+    home, others = search_folders(config_name)
+    searched = ["hydra.searchpath=[" + ",".join(_quoted(f"file://{folder}") for folder in others) + "]"]
+    with initialize_config_dir(config_dir=str(home), version_base=None, job_name=config_name):
+        base = compose(config_name=config_name, overrides=searched)
+        options = ", ".join(sorted(k for k in base if k != "hydra"))
+        try:
+            cfg = compose(config_name=config_name, overrides=searched + overrides)
+        except MissingConfigException as error:
+            group = (error.missing_cfg_file or "").rsplit("/", 1)[0]
+            given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == group), group)
+            choices = ", ".join(error.options or group_names(group))
+            raise SymfusionError(f"{given}: no such {group} option; choose one of {choices}") from error
+        except OverrideParseException as error:
+            raise SymfusionError(f"cannot read the command line ({_one_line(error)}); write options as KEY=VALUE, "
+                                 "lists as KEY=[a,b]") from error
+        except (HydraException, OmegaConfBaseException) as error:
+            message = _one_line(error)
+            if "Could not override" in message:
+                key = message.split("'")[1] if "'" in message else message
+                raise SymfusionError(f"{key} is not an option of symfusion-{config_name}; its options are "
+                                     f"{options}") from error
+            raise SymfusionError(f"cannot build the configuration: {message}") from error
+    unknown = sorted(set(cfg) - set(base))
+    if unknown:
+        raise SymfusionError(f"{unknown[0]} is not an option of symfusion-{config_name}; its options are {options}")
+    return cfg
+
+
+class Check:
+    """A check of one configuration value: `check(value)` returns None or what the value must be."""
+
+    def __init__(self, describe: str, test: Callable[[object], bool], optional: bool = False,
+                 phrase: str = " must be "):
+        self.describe, self.test, self.optional, self.phrase = describe, test, optional, phrase
+
+    def problem(self, value) -> str | None:
+        """None when the value is acceptable, else the rest of the error line after KEY=VALUE."""
+        if value is None:
+            return None if self.optional else " is required"
+        return None if self.test(value) else f"{self.phrase}{self.describe}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(low: int | None = None, optional: bool = False) -> Check:
+    bound = f" >= {low}" if low is not None else ""
+    return Check(f"an integer{bound}", lambda v: _is_int(v) and (low is None or v >= low), optional)
+
+
+def number(low: float | None = None, high: float | None = None, strict_low: bool = False,
+           optional: bool = False) -> Check:
+    """A finite number in [low, high] (or (low, high] with strict_low)."""
+    def test(value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return (low is None or (value > low if strict_low else value >= low)) and (high is None or value <= high)
+    parts = [f"{'>' if strict_low else '>='} {low}" if low is not None else "", f"<= {high}" if high is not None else ""]
+    return Check("a finite number " + " and ".join(p for p in parts if p), test, optional)
+
+
+def text(optional: bool = False) -> Check:
+    return Check("a path or name", lambda v: isinstance(v, (str, int)) and str(v).strip() != "", optional)
+
+
+def choice(*options, optional: bool = False) -> Check:
+    return Check(f"one of {', '.join(map(str, options))}", lambda v: v in options, optional, phrase="; choose ")
+
+
+def flag(optional: bool = False) -> Check:
+    return Check("true or false", lambda v: isinstance(v, bool), optional)
+
+
+def listing(item: Check, minimum: int = 0, optional: bool = False) -> Check:
+    def test(value) -> bool:
+        return (OmegaConf.is_list(value) or isinstance(value, (list, tuple))) and len(value) >= minimum \
+            and all(item.problem(v) is None for v in value)
+    return Check(f"a list of {minimum}+ items, each {item.describe}", test, optional)
+
+
+def mapping(optional: bool = False) -> Check:
+    return Check("a {key: value} mapping", lambda v: OmegaConf.is_dict(v) or isinstance(v, dict), optional)
+
+
+def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
+    """Every checked KEY (dotted) of `cfg` against its Check; the first problem as one SymfusionError line."""
+    for key, check in checks.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException as error:
+            raise SymfusionError(f"{key}: {_one_line(error)}") from error
+        if key.split(".")[0] not in cfg:
+            continue
+        problem = check.problem(value)
+        if problem:
+            shown = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            raise SymfusionError(f"{key}={shown!r}{problem}" if value is not None else f"{key}{problem}")

@@ -1,0 +1,173 @@
+"""Safe outputs: only a previous output of the same stage is replaced, atomically, one writer at a time,
+and the next run repairs what a killed writer left."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from symfusion.io import outputs
+from symfusion.errors import SymfusionError
+from symfusion.io.outputs import claim_output, file_marker, folder_marker, recover_leftovers, safe_output
+
+MARKER = file_marker(("value",))
+FOLDER = folder_marker("stage.json", ("value",))
+
+
+def write_json(path, value):
+    with safe_output(path, "test", MARKER) as claim:
+        with claim.writing() as tmp:
+            tmp.write_text(json.dumps({"value": value, "provenance": {}}))
+
+
+def write_folder(path, value, fail=False):
+    with safe_output(path, "test", FOLDER, is_dir=True) as claim:
+        with claim.writing() as tmp:
+            (tmp / "stage.json").write_text(json.dumps({"value": value, "provenance": {}}))
+            (tmp / "v").write_text(str(value))
+            if fail:
+                raise KeyboardInterrupt
+
+
+def test_json_is_replaced_whole_and_a_failed_write_leaves_the_old_file(tmp_path):
+    target = tmp_path / "r.json"
+    write_json(target, 1)
+    with pytest.raises(TypeError):
+        with safe_output(target, "test", MARKER) as claim:
+            with claim.writing() as tmp:
+                tmp.write_text(json.dumps({(1, 2): "tuple keys are not JSON"}))
+    assert json.loads(target.read_text())["value"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]          # no temp file, no lock left
+    write_json(target, 2)                                                # a previous output is replaced
+    assert json.loads(target.read_text())["value"] == 2
+
+
+def test_an_interrupted_directory_write_keeps_the_old_output(tmp_path):
+    write_folder(tmp_path / "model", 1)
+    with pytest.raises(KeyboardInterrupt):
+        write_folder(tmp_path / "model", 2, fail=True)
+    assert (tmp_path / "model" / "v").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    write_folder(tmp_path / "model", 3)
+    assert (tmp_path / "model" / "v").read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_output_folders_get_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        write_folder(tmp_path / "model", 1)
+        write_json(tmp_path / "r.json", 1)
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_dead_writers_temp_is_removed_and_a_live_writers_is_kept(tmp_path):
+    host = outputs._HOST
+    dead = tmp_path / f".model.tmp-{host}-{dead_pid()}-abc"
+    live = tmp_path / f".model.tmp-{host}-{os.getppid()}-def"          # our parent is alive
+    other_host = tmp_path / ".model.tmp-elsewhere-1-ghi"                # another machine's writer: not ours to judge
+    for folder in (dead, live, other_host):
+        folder.mkdir()
+    write_folder(tmp_path / "model", 1)
+    assert not dead.exists() and live.exists() and other_host.exists()
+
+
+def test_a_displaced_old_result_is_restored_when_its_writer_died_between_two_renames(tmp_path, monkeypatch):
+    write_folder(tmp_path / "model", 1)
+    monkeypatch.setattr(outputs, "exchange", lambda a, b: False)       # a file system without renameat2
+    real_replace, calls = os.replace, []
+
+    def killed_after_the_first_rename(src, dst):
+        calls.append(dst)
+        real_replace(src, dst)
+        if len(calls) == 1:
+            raise KeyboardInterrupt                                      # the old result moved aside, nothing in place
+    monkeypatch.setattr(outputs.os, "replace", killed_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_folder(tmp_path / "model", 2)
+    monkeypatch.setattr(outputs.os, "replace", real_replace)
+    assert not (tmp_path / "model").exists()
+    old = [p for p in tmp_path.iterdir() if p.name.startswith(".model.old-")]
+    assert len(old) == 1 and (old[0] / "v").read_text() == "1"
+    # the writer's own pid is alive in this test; what counts is a dead writer: rename it as a dead one would be
+    renamed = old[0].with_name(f".model.old-{outputs._HOST}-{dead_pid()}-x")
+    os.rename(old[0], renamed)
+    recover_leftovers(tmp_path / "model")
+    assert (tmp_path / "model" / "v").read_text() == "1"               # the old result is back
+
+
+def test_the_atomic_exchange_swaps_two_folders(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x").write_text("a")
+    if not outputs.exchange(tmp_path / "a", tmp_path / "b"):
+        pytest.fail("renameat2 RENAME_EXCHANGE is not available on this Linux file system")
+    assert (tmp_path / "b" / "x").read_text() == "a" and not (tmp_path / "a" / "x").exists()
+
+
+@pytest.mark.parametrize("case", ["input", "inside_input", "contains_input", "foreign_folder", "foreign_file",
+                                  "under_a_file", "symlink"])
+def test_outputs_that_are_not_ours_to_write_are_refused(tmp_path, case):
+    source = tmp_path / "models" / "source"
+    source.mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    target = {"input": source, "inside_input": source / "sub", "contains_input": tmp_path / "models",
+              "foreign_folder": tmp_path / "mine", "foreign_file": tmp_path / "file.txt",
+              "under_a_file": tmp_path / "file.txt" / "out", "symlink": tmp_path / "link"}[case]
+    before = sorted((str(p), p.stat().st_size if p.is_file() else 0) for p in tmp_path.rglob("*"))
+    is_dir = case not in ("foreign_file",)
+    with pytest.raises(SymfusionError) as error:
+        claim_output(target, "test", FOLDER, inputs=[source], is_dir=is_dir)
+    assert "\n" not in str(error.value)
+    assert sorted((str(p), p.stat().st_size if p.is_file() else 0) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_second_writer_of_the_same_output_fails_clearly(tmp_path):
+    first = claim_output(tmp_path / "model", "test", FOLDER, is_dir=True)
+    try:
+        script = ("import sys; from symfusion.io.outputs import claim_output, folder_marker\n"
+                  "from symfusion.errors import SymfusionError\n"
+                  f"try:\n    claim_output({str(tmp_path / 'model')!r}, 'test', folder_marker('stage.json'), is_dir=True)\n"
+                  "except SymfusionError as e:\n    print(e); sys.exit(2)\n")
+        other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert other.returncode == 2 and "another process is writing" in other.stdout
+    finally:
+        first.release()
+    again = claim_output(tmp_path / "model", "test", FOLDER, is_dir=True)     # free once the first is done
+    again.release()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_claim_that_writes_nothing_removes_only_the_folders_it_made(tmp_path):
+    recognise = lambda path: False  # noqa: E731
+    (tmp_path / "kept").mkdir()
+    claim = claim_output(tmp_path / "kept" / "a" / "b" / "out.json", "stage", recognise)
+    assert (tmp_path / "kept" / "a" / "b").is_dir()
+    claim.release()
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "a").exists()
+
+    claim = claim_output(tmp_path / "kept" / "a" / "out.json", "stage", recognise)
+    (tmp_path / "kept" / "a" / "other").write_text("someone else's")     # not empty any more: left alone
+    claim.release()
+    assert (tmp_path / "kept" / "a" / "other").read_text() == "someone else's"
+
+    claim = claim_output(tmp_path / "new" / "out.json", "stage", recognise)
+    with claim.writing() as tmp:
+        tmp.write_text("{}")
+    claim.release()
+    assert (tmp_path / "new" / "out.json").read_text() == "{}"

@@ -1,0 +1,117 @@
+"""The workflow: profiles validated against their schema, and the rehearsal running exactly the paper's DAG."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from symfusion.errors import SymfusionError
+from symfusion.fusion import fusion_method
+from symfusion.matching import matching_config
+from symfusion.pipeline import warm
+from symfusion.pipeline.report.registry import experiments
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
+PROFILES = sorted((ROOT / "conf" / "profile").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_every_profile_follows_the_schema(path):
+    validate(yaml.safe_load(path.read_text()), str(SCHEMA))
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 0.0, 0.5, 1.0, 1.5])
+def test_the_profile_schema_takes_the_regmean_alphas_that_regmean_declares(alpha):
+    """The schema refuses a bad language.regmean_alpha when the workflow is read (before any fine-tuning); the one
+    definition of a valid alpha is RegMean's Option (fusion/regmean.py): the schema must agree with it."""
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / "mini.yaml").read_text())
+    settings["language"]["regmean_alpha"] = {"default": alpha}
+    try:
+        fusion_method("regmean").check_values({"alpha": alpha})
+        declared = True
+    except SymfusionError:
+        declared = False
+    try:
+        validate(settings, str(SCHEMA))
+        schema = True
+    except Exception:       # noqa: BLE001 - snakemake's WorkflowError for a schema violation
+        schema = False
+    assert schema == declared
+
+
+@pytest.mark.parametrize("section,key", [(None, "visoin"), ("vision", "fusion_method"), ("language", "regmean_alfa")])
+def test_a_misspelt_key_fails_naming_it(section, key):
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / "mini.yaml").read_text())
+    (settings if section is None else settings[section])[key] = 1
+    with pytest.raises(Exception, match=key):
+        validate(settings, str(SCHEMA))
+
+
+def job_counts(profile: str) -> dict[str, int]:
+    """Rule -> number of jobs of a dry run of the whole workflow for a profile (from scratch)."""
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--config", f"profile={profile}",
+                             "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = result.stdout[result.stdout.index("Job stats"):]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_exactly_the_papers_rules_and_jobs():
+    paper, rehearsal = job_counts("paper"), job_counts("rehearsal")
+    assert paper == rehearsal
+    merged = {m for e in experiments().values() for k, spec in e.inputs.get("vision", {}).items()
+              if k == "merged_evals" for m in spec.get("matchings", [])}
+    assert paper["train"] == 3 + 2 * 12 + 3 and paper["merge_evaluate"] == 3 * len(merged)  # 3 ViT seeds: 3 pairs
+    decoder = {m for e in experiments().values() for k, spec in e.inputs.get("decoder", {}).items()
+               if k == "merged_evals" for m in spec.get("matchings", [])}
+    assert paper["decoder_merge"] == 3 * len(decoder)                                   # 3 decoder seeds: 3 pairs
+
+
+def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
+    """scripts/check_slurm.sh finds a GPU rule missing from the SLURM profile only after the whole run: here, at once."""
+    rules_text = "\n".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+    blocks = re.split(r"^rule (\w+):\n", rules_text, flags=re.M)[1:]
+    gpu_rules = {name for name, body in zip(blocks[::2], blocks[1::2]) if re.search(r"^\s+gpu=1,?$", body, re.M)}
+    assert {"train", "merge_evaluate", "statistics"} <= gpu_rules
+    profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    resources = profile["set-resources"]
+    missing = sorted(r for r in gpu_rules if resources.get(r, {}).get("slurm_partition") != "?repr(gpu_partition)")
+    assert not missing, f"rules with gpu=1 but not the GPU partition in workflow/profiles/slurm/config.yaml: {missing}"
+
+
+@pytest.mark.slow
+def test_statistics_are_shared_exactly_by_the_models_several_merges_fuse_unmoved():
+    """mini: the ViT anchor (seed0) is fused unmoved by its pair's every matching, the source (seed1) only by the
+    unmatched merge; each text model anchors a pair, or is the source of two unmatched pair merges (rt_d2), or
+    is fused unmoved by the unmatched NER group merge besides its pair's (ner_headlines); the decoder anchor as the
+    ViT's: 1 + 6 + 1 files."""
+    counts = job_counts("mini")
+    assert counts["statistics"] == 1 + 6 + 1
+    assert counts["statistics"] < counts["train"]
+
+
+def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
+    """worker.smk cannot import symfusion (the Snakefile runs where the package may be absent): its copy of
+    the variable's name must be warm.py's."""
+    text = (ROOT / "workflow" / "rules" / "worker.smk").read_text()
+    assert re.search(r'^WORKER_VARIABLE = "(\w+)"', text, re.M).group(1) == warm.VARIABLE
+
+
+@pytest.mark.slow
+def test_a_match_job_gets_data_exactly_when_its_matching_reads_data():
+    """The workflow reads the matching presets itself (it runs where symfusion may not be installed): its choice
+    of which match jobs get a data_task must be MatchConfig.needs_data's."""
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--config", "profile=mini",
+                             "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    commands = re.findall(r"symfusion-match .*?matching=(\w+) data_task=(\S+)", result.stdout)
+    assert {m for m, _ in commands} >= {"rotation", "full_symmetry", "full_symmetry_learned"}
+    for matching, task in commands:
+        assert (task != "null") == matching_config(matching).needs_data, (matching, task)
