@@ -20,7 +20,7 @@ from test_vision_stages import merged_evaluation_files
 from workflow_copy import ROOT, dry_run_jobs, edit_yaml, scratch_workflow, snakemake, stderr_lines
 
 REPORT = ROOT / "src" / "symfusion" / "pipeline" / "report"
-SHARED = {"__init__", "artefacts", "audit", "barriers", "compare", "effects", "registry", "results"}   # not writers
+SHARED = {"__init__", "artefacts", "audit", "barriers", "compare", "effects", "registry", "results", "spread"}   # not writers
 PROFILES = sorted(p.stem for p in (ROOT / "conf" / "profile").glob("*.yaml"))
 
 

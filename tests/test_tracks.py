@@ -86,7 +86,6 @@ def test_specs_choose_pairs_models_matchings_and_methods():
     assert T.spec_methods(vision, {"methods": ["ot_wts", "simple"]}) == ["simple", "ot_wts"]     # the track's order
     lang = T.tracks(settings)["lang"]
     assert T.spec_matchings(lang, {}) == ["none", settings["language"]["matching"]]
-    assert T.specs({"pairs": "first"}) == [{"pairs": "first"}] and T.specs([{}, {}]) == [{}, {}]
 
 
 def test_registry_entries_name_only_tracks_and_kinds_that_exist():
@@ -121,3 +120,21 @@ def test_snakemake_sets_the_thread_variables_from_a_rules_threads(tmp_path):
     assert (tmp_path / "eight.txt").read_text().split() == ["3", "3", "3"]
     rules = "\n".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
     assert "NUM_THREADS" not in rules
+
+
+def test_more_pairs_limits_the_merges_and_paths_of_the_pairs_after_the_first():
+    settings = profile("paper")
+    settings["vision"]["more_pairs"] = {"matchings": ["none", "full_symmetry"], "fusion_methods": ["regmean", "simple"]}
+    vision = T.tracks(settings)["vision"]
+    spec = {"matchings": ["none", "rotation", "full_symmetry"]}
+    first, second, third = vision.pairs
+    assert T.pair_matchings(vision, spec, "merged_evals") == [
+        (first, "none"), (first, "rotation"), (first, "full_symmetry"), (second, "none"), (second, "full_symmetry"),
+        (third, "none"), (third, "full_symmetry")]
+    assert T.pair_matchings(vision, spec, "barriers") == T.pair_matchings(vision, spec, "merged_evals")
+    assert len(T.pair_matchings(vision, spec, "matched")) == 9                  # matching itself: every pair
+    assert T.pair_methods(vision, first) == vision.methods
+    assert T.pair_methods(vision, second) == ("simple", "regmean")              # the track's order
+    unlimited = T.tracks(profile("paper"))["vision"]
+    assert len(T.pair_matchings(unlimited, spec, "merged_evals")) == 9
+    assert T.pair_methods(unlimited, second) == unlimited.methods

@@ -10,12 +10,13 @@ WRITERS_DIR = "src/symfusion/pipeline/report"     # a registry entry's writer is
 
 
 spec_matchings, spec_methods, spec_pairs = TRACKS_PY.spec_matchings, TRACKS_PY.spec_methods, TRACKS_PY.spec_pairs
-spec_models, specs = TRACKS_PY.spec_models, TRACKS_PY.specs
+spec_models = TRACKS_PY.spec_models
+pair_matchings, pair_methods = TRACKS_PY.pair_matchings, TRACKS_PY.pair_methods
 
 
 def each_spec(builder):
-    """An input kind's builder over every spec its value lists (one spec, or several)."""
-    return lambda track, group, value: [path for spec in specs(value) for path in builder(TRACKS[track], group, spec)]
+    """An input kind's builder on the track's Track."""
+    return lambda track, group, spec: builder(TRACKS[track], group, spec)
 
 
 # input kind -> (track, group, its spec) -> files, in the order the writers list them
@@ -26,15 +27,16 @@ INPUT_KINDS = {
                                                  for m in spec_matchings(t, spec)]),
     "merged_evals": each_spec(lambda t, group, spec: [
         track_result(t.name, "merged_evals", f, group=group, source=s, anchor=a, matching=m)
-        for s, a in spec_pairs(t, spec) for m in spec_matchings(t, spec) for f in spec_methods(t, spec)]),
+        for (s, a), m in pair_matchings(t, spec, "merged_evals") for f in spec_methods(t, spec)
+        if f in pair_methods(t, (s, a))]),
     "group_evals": each_spec(lambda t, group, spec: [track_result(t.name, "group_evals", f, group=group, matching=m)
                                                      for m in spec_matchings(t, spec) for f in spec_methods(t, spec)]),
     "barriers": each_spec(lambda t, group, spec: [
         track_result(t.name, "barriers", group=group, source=s, anchor=a, matching=m)
-        for s, a in spec_pairs(t, spec) for m in spec_matchings(t, spec)]),
+        for (s, a), m in pair_matchings(t, spec, "barriers")]),
     "mergekit_evals": each_spec(lambda t, group, spec: [
         track_result(t.name, "mergekit_evals", group=group, source=s, anchor=a, matching=m)
-        for s, a in spec_pairs(t, spec) for m in spec_matchings(t, spec)]),
+        for (s, a), m in pair_matchings(t, spec, "mergekit_evals")]),
     "task_data": each_spec(lambda t, group, spec: [data_file(task) for task in t.tasks(group)]),
     "layer_sweeps": each_spec(lambda t, group, spec: [track_result(t.name, "layer_sweeps", group=group)]),
     "multimodel": each_spec(lambda t, group, spec: [track_result(t.name, "multimodel", group=group)]),
@@ -54,7 +56,7 @@ def check_registry():
             fail(f"{EXPERIMENTS_FILE}: {problem}")
         shown = set()
         for track, kinds in entry["inputs"].items():
-            for spec in [spec for value in kinds.values() for spec in specs(value)]:
+            for spec in kinds.values():
                 for matching in spec.get("matchings", []):
                     if matching == "profile":
                         if TRACKS[track].matching is None:
@@ -95,8 +97,10 @@ def merged_matchings(track, kind, pair=None):
     """Every matching under which the built experiments need the track's merges of `kind` (merged_evals: the
     pairwise merges, of `pair` when given; group_evals: the group merge), in the order first declared."""
     found = [m for entry in EXPERIMENTS.values() for t, kinds in entry["inputs"].items() if t == track
-             for k, value in kinds.items() if k == kind for spec in specs(value)
-             if pair is None or tuple(pair) in spec_pairs(TRACKS[track], spec) for m in spec_matchings(TRACKS[track], spec)]
+             for k, spec in kinds.items() if k == kind
+             for p, m in (pair_matchings(TRACKS[track], spec, kind) if pair is not None
+                          else [(None, m) for m in spec_matchings(TRACKS[track], spec)])
+             if pair is None or p == tuple(pair)]
     return list(dict.fromkeys(found))
 
 

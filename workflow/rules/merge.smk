@@ -48,28 +48,62 @@ def merge_heads(w):
     return [model_dir(w.track, w.group, name) for name in (w.anchor, w.source)] if TRACKS[w.track].heads_per_task else []
 
 
-def merge_outputs(tracks):
-    """A merge rule's outputs: one evaluation per fusion method of its tracks (tracks sharing a rule share them)."""
+# merge rule -> the tracks it merges (tracks that share a rule share their fusion methods: one output per method)
+MERGE_RULES = {"merge_evaluate": ("vision",), "lang_merge_pair": ("lang",), "decoder_merge": DECODER_TRACKS}
+
+
+def limited(tracks):
+    """Whether the pairs after the first merge by fewer methods (a track's more_pairs in the profile)."""
+    return any(TRACKS[t].more_pairs and TRACKS[t].more_pairs["methods"] != TRACKS[t].methods for t in tracks)
+
+
+def first_sources(tracks):
+    """A regex of the first pair's source in each of these tracks (each track's other pairs have other sources)."""
+    return "|".join(re.escape(TRACKS[t].pairs[0][0]) for t in tracks if TRACKS[t].pairs) or "(?!)"
+
+
+def merge_constraints(tracks, more=False):
+    """The wildcard constraints of a merge rule: its tracks; when the pairs after the first merge by fewer methods,
+    the first pair's source (the rule itself) or any other (its `_more` rule)."""
+    constraints = {"track": "|".join(tracks)}
+    if limited(tracks):
+        first = first_sources(tracks)
+        constraints["source"] = f"(?!(?:{first})-onto-)[A-Za-z0-9_]+" if more else first
+    return constraints
+
+
+def merge_outputs(tracks, more=False):
+    """A merge rule's outputs: one evaluation per fusion method of its tracks (of the first pair, or the more_pairs
+    methods of the others)."""
+    track = TRACKS[tracks[0]]
+    methods = track.more_pairs["methods"] if more else track.methods
     return [f"{RESULTS}/{{track}}/{{group}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json"
-            for method in TRACKS[tracks[0]].methods]
+            for method in methods]
+
+
+def merge_rule(track, pair):
+    """The rule that merges a pair of a track (the pairs after the first: its `_more` rule when they merge by fewer
+    methods)."""
+    name = next(rule for rule, tracks in MERGE_RULES.items() if track in tracks)
+    return f"{name}_more" if limited(MERGE_RULES[name]) and tuple(pair) != TRACKS[track].pairs[0] else name
 
 
 # The merges of a pair under one matching, per track: vision's six methods here, the language track's and the
 # decoders' three in the rules below, which are this one with their own tracks and outputs.
 rule merge_evaluate:
     wildcard_constraints:
-        track="vision",
+        **merge_constraints(MERGE_RULES["merge_evaluate"]),
     input:
         anchor=model_dir("{track}", "{group}", "{anchor}"),
         source=lambda w: source_dir(w.track, w.group, w.source, w.anchor, w.matching),
         heads=merge_heads,
         statistics=lambda w: unmoved_statistics(w.track, w.group, unmoved([w.anchor, w.source], w.matching)),
     output:
-        merge_outputs(["vision"]),
+        merge_outputs(MERGE_RULES["merge_evaluate"]),
     params:
         profile=PROFILE,
         task=lambda w: task_of(w.track, w.group, w.anchor),
-        methods=lambda w: hydra_list(TRACKS[w.track].methods),
+        methods=lambda w: hydra_list(TRACKS_PY.pair_methods(TRACKS[w.track], (w.source, w.anchor))),
         options=lambda w: merge_options(w.track, w.group, w.anchor),
         models=lambda w, input: hydra_list([input.anchor, input.source]),
         tasks=merge_statistic_tasks,
@@ -95,13 +129,33 @@ rule merge_evaluate:
 
 use rule merge_evaluate as lang_merge_pair with:
     wildcard_constraints:
-        track="lang",
+        **merge_constraints(MERGE_RULES["lang_merge_pair"]),
     output:
-        merge_outputs(["lang"]),
+        merge_outputs(MERGE_RULES["lang_merge_pair"]),
 
 
 use rule merge_evaluate as decoder_merge with:
     wildcard_constraints:
-        track="|".join(DECODER_TRACKS),
+        **merge_constraints(MERGE_RULES["decoder_merge"]),
     output:
-        merge_outputs(DECODER_TRACKS),
+        merge_outputs(MERGE_RULES["decoder_merge"]),
+
+
+# The pairs after the first, where the profile merges them by fewer methods (more_pairs: the vision and decoder
+# tracks): the same merges, their own outputs.
+if limited(MERGE_RULES["merge_evaluate"]):
+
+    use rule merge_evaluate as merge_evaluate_more with:
+        wildcard_constraints:
+            **merge_constraints(MERGE_RULES["merge_evaluate"], more=True),
+        output:
+            merge_outputs(MERGE_RULES["merge_evaluate"], more=True),
+
+
+if limited(MERGE_RULES["decoder_merge"]):
+
+    use rule merge_evaluate as decoder_merge_more with:
+        wildcard_constraints:
+            **merge_constraints(MERGE_RULES["decoder_merge"], more=True),
+        output:
+            merge_outputs(MERGE_RULES["decoder_merge"], more=True),

@@ -29,6 +29,11 @@ def end_eval(track, group, name):
 
 
 def track_result(track, kind, method=None, **wildcards):
-    """The file that a track's rule for `kind` (TRACK_RULES) writes for these wildcards (and this method)."""
-    outputs = getattr(rules, TRACK_RULES[track][kind]).output
-    return outputs[TRACKS[track].methods.index(method) if method else 0].format(track=track, **wildcards)
+    """The file that a track's rule for `kind` (TRACK_RULES; a merge of a pair after the first: merge_rule) writes for
+    these wildcards (and this method)."""
+    if kind == "merged_evals" and "source" in wildcards:
+        pair = (wildcards["source"], wildcards["anchor"])
+        outputs, methods = getattr(rules, merge_rule(track, pair)).output, TRACKS_PY.pair_methods(TRACKS[track], pair)
+    else:
+        outputs, methods = getattr(rules, TRACK_RULES[track][kind]).output, TRACKS[track].methods
+    return outputs[methods.index(method) if method else 0].format(track=track, **wildcards)

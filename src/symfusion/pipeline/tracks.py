@@ -45,6 +45,7 @@ class Track:
     statistics_per_model: bool = True   # a merge computes each model's statistics on that model's own task
     heads_per_task: bool = False     # a merge scores each task with that task's own head (pairwise text merges)
     barrier: dict = field(default_factory=dict)   # points, examples of a loss path (tracks with barriers)
+    more_pairs: dict | None = None   # the merges and loss paths of the pairs after the first: {matchings, methods}
 
     def task(self, group: str, name: str) -> str:
         """The task the end model `name` of `group` is trained on."""
@@ -92,6 +93,7 @@ def tracks(settings: dict) -> dict[str, Track]:
         "vision": Track("vision", (vision["task"],), tuple(seeds), tuple(seeds), all_pairs(seeds), (),
                         tuple(vision["fusion_methods"]), None, vision["train_threads"], False, vision["model"],
                         {n: int(n[4:]) for n in seeds}, statistics_per_model=False,
+                        more_pairs=more_pairs(vision),
                         barrier={"points": vision["barrier_points"], "examples": vision["barrier_examples"]}),
         "lang": Track("lang", tuple(lang["models"]), tuple(texts), tuple(lang["emotion"] + lang["ner"]),
                       all_pairs(lang["emotion"]) + all_pairs(lang["ner"]), tuple(lang["ner"]),
@@ -104,7 +106,7 @@ def tracks(settings: dict) -> dict[str, Track]:
                          decoder.get("train_threads", 1), False, decoder.get("model"),
                          {n: int(n[4:]) for n in decoder_seeds},
                          merge_options=statistic_options(decoder["fusion_batches"]) if decoder else None,
-                         barrier=decoder_barrier),
+                         barrier=decoder_barrier, more_pairs=more_pairs(decoder)),
         "decoder_ft": Track("decoder_ft", (finetune["model"],) if finetune else (), tuple(domains), tuple(domains),
                             all_pairs(domains), (), tuple(decoder.get("fusion_methods", [])), None,
                             finetune.get("train_threads", 1), True, None,
@@ -113,6 +115,16 @@ def tracks(settings: dict) -> dict[str, Track]:
                             merge_options=statistic_options(finetune["fusion_batches"]) if finetune else None,
                             barrier=decoder_barrier),
     }
+
+
+def more_pairs(section: dict) -> dict | None:
+    """A track's `more_pairs` (profile): the matchings whose merges and loss paths the pairs after the first get, and
+    the fusion methods of those merges (default: all of the track's); None: every pair gets what the first gets."""
+    chosen = section.get("more_pairs")
+    if chosen is None:
+        return None
+    return {"matchings": tuple(chosen["matchings"]),
+            "methods": tuple(m for m in section["fusion_methods"] if m in chosen.get("fusion_methods", [m]))}
 
 
 def regmean_alpha(lang: dict, encoder: str, dataset: str):
@@ -137,13 +149,8 @@ def merge_options(track: Track, settings: dict, group: str, anchor: str) -> dict
 
 
 # ---------------------------------------------------------------- a registry entry's input specs
-# An experiment's input of one kind is a spec, or a list of specs (e.g. the paper's matchings on the first pair,
-# the whole-symmetry ones on every pair): {matchings, methods, pairs: all | first, models: all | merged | first_pair}.
-
-
-def specs(value) -> list[dict]:
-    """An input's specs as a list (one spec, or several)."""
-    return list(value) if isinstance(value, list) else [value]
+# An experiment's input of one kind is a spec: {matchings, methods, pairs: all | first, models: all | merged |
+# first_pair} (conf/experiments.yaml).
 
 
 def spec_matchings(track: Track, spec: dict) -> list[str]:
@@ -159,6 +166,31 @@ def spec_methods(track: Track, spec: dict) -> list[str]:
 def spec_pairs(track: Track, spec: dict) -> list[tuple[str, str]]:
     """first: the track's first pair only; all (default): every pair."""
     return list(track.pairs[:1] if spec.get("pairs") == "first" else track.pairs)
+
+
+# the kinds of input that a track's `more_pairs` limits beyond the first pair (merges and loss paths; matching, cheap
+# and read by the distances, runs for every pair)
+LIMITED_KINDS = ("merged_evals", "barriers", "mergekit_evals")
+
+
+def pair_matchings(track: Track, spec: dict, kind: str) -> list[tuple[tuple[str, str], str]]:
+    """(pair, matching) of every result a spec of `kind` names: its pairs x its matchings, where a track's
+    `more_pairs` leaves the pairs after the first only the matchings it names."""
+    found = []
+    for i, pair in enumerate(spec_pairs(track, spec)):
+        for matching in spec_matchings(track, spec):
+            limited = track.more_pairs is not None and kind in LIMITED_KINDS and pair != track.pairs[0]
+            if not limited or matching in track.more_pairs["matchings"]:
+                found.append((pair, matching))
+    return found
+
+
+def pair_methods(track: Track, pair: tuple[str, str]) -> tuple[str, ...]:
+    """The fusion methods of a pair's merges: all of the track's for the first pair (and for every pair without
+    `more_pairs`), else those `more_pairs` names."""
+    if track.more_pairs is None or tuple(pair) == track.pairs[0]:
+        return track.methods
+    return track.more_pairs["methods"]
 
 
 def spec_models(track: Track, spec: dict, default: str) -> list[str]:
