@@ -71,10 +71,13 @@ def test_table2_gives_each_cell_over_its_pairs_and_the_papers_columns_on_the_fir
     assert row["effect_full_symmetry_pairs"] == 3 and row["effect_full_symmetry_sd"] == pytest.approx(0.0, abs=1e-9)
     assert row["ours_effect_full_symmetry"] == "helps"
     assert row["effect_pairs"] == 3 and row["effect"] == pytest.approx(6.0)                # rotation: all 3 pairs
-    md = (tmp_path / "t2").with_suffix(".md")
+    md = tmp_path / "table2.md"
     run_report("table2", paths, str(md.with_suffix(".csv")))
     text = md.read_text()
     assert "Per model pair" in text and "(3)" in text and "pairs [" in text
+    lines = summary_lines(tmp_path, tmp_path)
+    assert any("over 3 model pairs" in x for x in lines if x.startswith("Table 2 (vision)"))
+    assert any("`full_symmetry` vs none: simple 70.33 +- 0.88 se (3 pairs, +20.00 helps)" in x for x in lines)
 
 
 def test_barrier_changes_are_given_per_pair_with_their_spread_and_the_verdict_over_pairs(tmp_path):

@@ -141,12 +141,23 @@ def build(eval_paths: list[str], experiment: Experiment) -> Built:
 
 
 def summary(csv_path: Path, experiment: Experiment) -> list[str]:
+    """The paper's headline effect with its agreement, then each matching beyond the paper's columns: every method's
+    accuracy and effect vs the baseline over the pairs it has, and the verdict that holds over them."""
     rows = read_csv_rows(csv_path)
     agree = sum(r["effect_agrees"] == "yes" for r in rows)
     disagree = sum(r["effect_agrees"] == "no" for r in rows)
     named = columns(experiment)
     of, vs = (named[experiment.effect[k]] for k in ("of", "vs"))
-    return [f"Table 2 (vision): {of} matching vs {vs}, 95% paired bootstrap intervals: "
-            f"{effect_counts(rows)}; of the detectable ones, {agree} agree with the paper's direction and "
-            f"{disagree} do not."]
-
+    pairs = max((int(r["effect_pairs"]) for r in rows if r.get("effect_pairs")), default=1)
+    lines = [f"Table 2 (vision): {of} matching vs {vs} over {pairs} model pair{'s' if pairs > 1 else ''}, 95% paired "
+             f"bootstrap intervals: {effect_counts(rows)}; of the detectable ones, {agree} agree with the paper's "
+             f"direction and {disagree} do not."]
+    for matching in [m for m in named if m not in experiment.paper_columns and m != experiment.effect["vs"]]:
+        cells = []
+        for r in rows:
+            count = int(r.get(f"effect_{matching}_pairs") or 1)
+            spread = f" +- {float(r[f'ours_{matching}_se']):.2f} se" if count > 1 else ""
+            cells.append(f"{r['method']} {float(r[f'ours_{matching}']):.2f}{spread} ({count} pair{'s' * (count > 1)}, "
+                         f"{float(r[f'effect_{matching}']):+.2f} {r[f'ours_effect_{matching}']})")
+        lines.append(f"Table 2, beyond the paper, `{matching}` vs {vs}: " + "; ".join(cells) + ".")
+    return lines
