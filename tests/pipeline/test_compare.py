@@ -1,7 +1,8 @@
 """symfusion-compare: agreement within tolerance, readable differences, and exit codes."""
 import csv
+import math
 
-from symfusion.pipeline.report.compare import main, row_label
+from symfusion.pipeline.report.compare import compare_rows, main, row_label
 
 
 def write(path, rows):
@@ -142,3 +143,43 @@ def test_a_row_is_named_by_its_name_cells_never_by_a_number():
     assert row_label({"method": "ot_acts", "ours_none": "47.68", "ours_full": "47.58"}) == "ot_acts"
     assert row_label({"method": "ot_acts", "matching": "rotation", "accuracy": "47.6"}) == "ot_acts / rotation"
     assert row_label({"seed": "0", "accuracy": "81.6"}) == "0"
+
+
+def test_a_mean_over_pairs_may_move_by_half_its_t_interval_over_pairs_and_no_more():
+    reference = [{"method": "simple", "ours_full_symmetry": "68.0", "ours_full_symmetry_pairs": "3",
+                  "ours_full_symmetry_sd": "1.0", "ours_full_symmetry_se": "0.58", "ours_full_symmetry_pairs_low": "65.5",
+                  "ours_full_symmetry_pairs_high": "70.5", "ours_full_symmetry_seed2-onto-seed0": "69.0"}]
+    moved = [dict(reference[0], ours_full_symmetry="70.4", **{"ours_full_symmetry_seed2-onto-seed0": "69.4"})]
+    assert compare_rows("t.csv", moved, reference, 0.5) == []                       # 2.4 < half of [65.5, 70.5]
+    assert len(compare_rows("t.csv", moved, reference, 0.0)) == 2                   # --exact allows nothing
+    far = [dict(reference[0], ours_full_symmetry="70.6")]
+    (problem,) = compare_rows("t.csv", far, reference, 0.5)
+    assert "ours_full_symmetry: 70.6 vs reference 68" in problem and "> 2.5" in problem
+    one_pair = [dict(reference[0], **{"ours_full_symmetry_seed2-onto-seed0": "70.0"})]
+    (problem,) = compare_rows("t.csv", one_pair, reference, 0.5)                   # a pair's own value: the default
+    assert "seed2-onto-seed0" in problem
+
+
+def test_a_perplexity_may_move_as_far_as_its_losss_interval_allows():
+    reference = [{"model": "simple", "loss": "5.5", "loss_pairs_low": "5.4", "loss_pairs_high": "5.6",
+                  "perplexity": str(math.exp(5.5))}]
+    allowed = math.exp(5.5) * math.expm1(0.1)
+    inside = [dict(reference[0], perplexity=str(math.exp(5.5) + 0.9 * allowed))]
+    outside = [dict(reference[0], perplexity=str(math.exp(5.5) + 1.1 * allowed))]
+    assert compare_rows("d.csv", inside, reference, 0.5) == []
+    assert len(compare_rows("d.csv", outside, reference, 0.5)) == 1
+
+
+def test_recorded_tolerances_widen_only_the_cells_they_name(tmp_path, capsys):
+    args = run_dirs(tmp_path, [dict(ROW, ours_full="52.8", ours_none="50.8")], [ROW])
+    assert main(args) == 1
+    (tmp_path / "ref" / "tolerances.yaml").write_text("why: test\ntolerances:\n  table2.csv: {'ours_f*': 1.0}\n")
+    assert main(args) == 1 and "ours_none" in capsys.readouterr().out and True       # ours_none is not named
+    (tmp_path / "ref" / "tolerances.yaml").write_text("tolerances:\n  table2.csv: {'ours_*': 1.0}\n")
+    assert main(args) == 0
+    assert main(args + ["--exact"]) == 1
+    (tmp_path / "ref" / "tolerances.yaml").write_text("tolerances:\n  table2.csv: {'ours_*': -1}\n")
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "finite number >= 0" in err

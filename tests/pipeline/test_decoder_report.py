@@ -192,7 +192,7 @@ def test_figure_d_gives_both_barriers_and_token_weighted_change_intervals(tmp_pa
     with open(tmp_path / "figD_decoder_barrier.csv") as handle:
         assert {"barrier", "barrier_linear", "change_low", "change_high"} <= set(next(csv.reader(handle)))
     (line,) = [x for x in summary_lines(tmp_path, tmp_path) if x.startswith("Figure D")]
-    assert "rotation 1.300 (above line 1.300), change +0.300 [+0.300, +0.300] hurts" in line
+    assert "rotation 1.300 (above line 1.300; 1 pair), change +0.300 [+0.300, +0.300] hurts" in line
 
 
 def test_an_on_demand_table_is_named_with_its_command_and_not_missed_by_compare(tmp_path):

@@ -12,7 +12,7 @@ from symfusion.errors import SymfusionError
 from symfusion.fusion import fusion_method
 from symfusion.matching import matching_config
 from symfusion.pipeline import warm
-from symfusion.pipeline.report.registry import experiments
+from symfusion.pipeline.report.registry import experiment, experiments
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow" / "schemas" / "profile.schema.yaml"
@@ -78,7 +78,9 @@ def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
     rules_text = "\n".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
     blocks = re.split(r"^rule (\w+):\n", rules_text, flags=re.M)[1:]
     gpu_rules = {name for name, body in zip(blocks[::2], blocks[1::2]) if re.search(r"^\s+gpu=1,?$", body, re.M)}
-    assert {"train", "merge_evaluate", "statistics"} <= gpu_rules
+    gpu_rules |= {new for old, new in re.findall(r"^use rule (\w+) as (\w+) with:", rules_text, re.M)
+                  if old in gpu_rules}                                    # a rule made from another keeps its resources
+    assert {"train", "merge_evaluate", "lang_merge_pair", "decoder_merge", "statistics", "barrier"} <= gpu_rules
     profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
     resources = profile["set-resources"]
     missing = sorted(r for r in gpu_rules if resources.get(r, {}).get("slurm_partition") != "?repr(gpu_partition)")
@@ -87,13 +89,43 @@ def test_every_rule_that_declares_a_gpu_gets_the_gpu_partition_on_slurm():
 
 @pytest.mark.slow
 def test_statistics_are_shared_exactly_by_the_models_several_merges_fuse_unmoved():
-    """mini: the ViT anchor (seed0) is fused unmoved by its pair's every matching, the source (seed1) only by the
-    unmatched merge; each text model anchors a pair, or is the source of two unmatched pair merges (rt_d2), or
-    is fused unmoved by the unmatched NER group merge besides its pair's (ner_headlines); the decoder anchor as the
-    ViT's: 1 + 6 + 1 files."""
+    """mini: each ViT is fused unmoved by several merges (seed0 anchors two pairs under every matching, seed1 anchors
+    one and is the unmatched source of another, seed2 the unmatched source of two); each text model anchors a pair, or
+    is the source of two unmatched pair merges (rt_d2), or is fused unmoved by the unmatched NER group merge besides
+    its pair's (ner_headlines); the decoders as the ViTs: 3 + 6 + 3 files."""
     counts = job_counts("mini")
-    assert counts["statistics"] == 1 + 6 + 1
+    assert counts["statistics"] == 3 + 6 + 3
     assert counts["statistics"] < counts["train"]
+
+
+@pytest.mark.slow
+def test_the_pairs_after_the_first_get_the_merges_and_paths_more_pairs_names():
+    """mini: the first ViT or decoder pair is merged and interpolated under every matching by every method, the others
+    under more_pairs' matchings by its methods, and matched by those and Figure 4's (distances)."""
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / "mini.yaml").read_text())
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--config", "profile=mini",
+                             "results_dir=/nx/results", "figures_dir=/nx/figures"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs = set(re.findall(r"^\s+output: (.*)$", result.stdout, re.M))
+    files = {f for line in outputs for f in line.split(", ")}
+    for track, section in (("vision/fashion_mnist", settings["vision"]), ("decoder/lm_english", settings["decoder"])):
+        more = section["more_pairs"]
+        methods = more.get("fusion_methods", section["fusion_methods"])
+        merged = {tuple(f.split("/")[-3:]) for f in files if f"/{track}/eval/" in f and "/end/" not in f
+                  and "/mergekit/" not in f}
+        paths = {tuple(f[:-5].split("/")[-2:]) for f in files if f"/{track}/barrier/" in f}
+        matched = {tuple(f.split("/")[-2:]) for f in files if f"/{track}/matched/" in f}
+        first = "seed1-onto-seed0"
+        for pair in ("seed2-onto-seed0", "seed2-onto-seed1"):
+            assert {m for p, m, _ in merged if p == pair} == set(more["matchings"])
+            assert {f[:-5] for p, _, f in merged if p == pair} == set(methods)
+            assert {m for p, m in paths if p == pair} == set(more["matchings"])
+            distances = set(experiment("fig4_distance").matchings("matched")) if track.startswith("vision") else set()
+            assert {m for p, m in matched if p == pair} == (distances | set(more["matchings"])) - {"none"} | (
+                {"none"} & distances)
+        assert {f[:-5] for p, _, f in merged if p == first} == set(section["fusion_methods"])
+        assert {m for p, m, _ in merged if p == first} > set(more["matchings"])
 
 
 def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():

@@ -18,14 +18,17 @@ AWKWARD = "my, 'odd' $x [results]"          # a space, a comma, quotes, a dollar
 
 
 def shell_strings() -> dict[str, str]:
-    """rule -> its shell command template, from workflow/rules/*.smk (adjacent string literals joined)."""
-    found = {}
+    """rule -> its shell command template, from workflow/rules/*.smk (adjacent string literals joined); a rule made by
+    `use rule X as Y with:` has X's."""
+    found, inherited = {}, {}
     for path in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
-        for rule, block in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.M | re.S):
+        text = path.read_text()
+        for rule, block in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |^use rule |\Z)", text, re.M | re.S):
             shell = re.search(r"^    shell:\n((?:        .*\n?)+)", block, re.M)
             if shell:
                 found[rule] = "".join(ast.literal_eval(line.strip()) for line in shell.group(1).splitlines() if line.strip())
-    return found
+        inherited.update({new: old for old, new in re.findall(r"^use rule (\w+) as (\w+) with:", text, re.M)})
+    return {**found, **{new: found[old] for new, old in inherited.items() if old in found}}
 
 
 def test_no_rule_puts_an_unquoted_value_on_its_command_line():

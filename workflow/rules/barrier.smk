@@ -1,32 +1,35 @@
-# Loss barriers: loss and accuracy along the linear path between the anchor and the (matched) source;
-# beside them, the multi-model matching of the two end ViTs (beyond the paper).
+# Loss barriers: loss (and accuracy) along the linear path between the anchor and the (matched) source, for the
+# vision and decoder tracks; beside them, the multi-model matching of the end ViTs (beyond the paper).
 
 
 rule barrier:
+    wildcard_constraints:
+        track="|".join(("vision",) + DECODER_TRACKS),
     input:
-        anchor=model_dir("vision", "{group}", "{anchor}"),
-        source=matched_dir("vision", "{group}", "{source}", "{anchor}", "{matching}"),
+        anchor=model_dir("{track}", "{group}", "{anchor}"),
+        source=lambda w: source_dir(w.track, w.group, w.source, w.anchor, w.matching),
     output:
-        f"{RESULTS}/vision/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.json",
+        f"{RESULTS}/{{track}}/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.json",
     params:
-        points=VISION["barrier_points"],
         profile=PROFILE,
-        examples=VISION["barrier_examples"] or "null",
+        task=lambda w: task_of(w.track, w.group, w.anchor),
+        points=lambda w: TRACKS[w.track].barrier["points"],
+        examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
         anchor=quoted_input("anchor"),
         source=quoted_input("source"),
         output=quoted_output,
     log:
-        f"{LOGS}/vision/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.log",
+        f"{LOGS}/{{track}}/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
-        f"{BENCH}/vision/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
+        f"{BENCH}/{{track}}/{{group}}/barrier/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-barrier "
-        "task={wildcards.group:q} profile={params.profile:q} anchor={params.anchor:q} source={params.source:q} "
+        "symfusion-barrier "
+        "task={params.task:q} profile={params.profile:q} anchor={params.anchor:q} source={params.source:q} "
         "points={params.points:q} examples={params.examples:q} output={params.output:q} > {log:q} 2>&1"
 
 
@@ -34,7 +37,7 @@ rule barrier:
 # anchor vs barycentric matching, and joint vs sequential rotation+rescaling (no models written).
 rule vision_multimodel:
     input:
-        lambda w: [model_dir("vision", w.group, m) for m in VISION_MODELS],
+        lambda w: [model_dir("vision", w.group, m) for m in TRACKS["vision"].models],
     output:
         f"{RESULTS}/vision/{{group}}/multimodel.json",
     params:
@@ -48,5 +51,5 @@ rule vision_multimodel:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-multimodel "
+        "symfusion-multimodel "
         "models={params.models:q} matching=rotation output={params.output:q} > {log:q} 2>&1"

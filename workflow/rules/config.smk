@@ -32,3 +32,14 @@ def read_yaml(path, what):
             return yaml.safe_load(handle)
     except (OSError, yaml.YAMLError) as error:
         fail(f"{what} {path} cannot be read ({str(error).splitlines()[0]})")
+
+
+def plain_module(path):
+    """A module of the package that imports only the standard library (src/symfusion/pipeline/tracks.py), loaded by
+    its path: the workflow reads it without the package being installed where Snakemake runs."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded          # dataclasses look their module up by name
+    spec.loader.exec_module(loaded)
+    return loaded

@@ -14,5 +14,5 @@ rule data:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-data "
+        "symfusion-data "
         "task={wildcards.task:q} profile={params.profile:q} output={params.output:q} > {log:q} 2>&1"

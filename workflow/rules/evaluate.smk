@@ -23,6 +23,6 @@ rule evaluate_end_model:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-evaluate "
+        "symfusion-evaluate "
         "task={params.task:q} profile={params.profile:q} model_dir={params.model_dir:q} tasks={params.tasks:q} "
         "output={params.output:q} > {log:q} 2>&1"

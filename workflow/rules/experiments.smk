@@ -9,53 +9,39 @@ REGISTRY = checked(read_yaml(EXPERIMENTS_FILE, "experiment registry"), "experime
 WRITERS_DIR = "src/symfusion/pipeline/report"     # a registry entry's writer is a module there
 
 
-def spec_matchings(track, spec):
-    """The matchings an input declares (left out: none and the profile's matching of the track)."""
-    return [TRACKS[track]["matching"] if m == "profile" else m for m in spec.get("matchings", ["none", "profile"])]
+spec_matchings, spec_methods, spec_pairs = TRACKS_PY.spec_matchings, TRACKS_PY.spec_methods, TRACKS_PY.spec_pairs
+spec_models = TRACKS_PY.spec_models
+pair_matchings, pair_methods = TRACKS_PY.pair_matchings, TRACKS_PY.pair_methods
 
 
-def spec_methods(track, spec):
-    """The track's fusion methods, in its order, limited to those the input declares."""
-    return [m for m in TRACKS[track]["methods"] if "methods" not in spec or m in spec["methods"]]
-
-
-def spec_pairs(track, spec):
-    pairs = TRACKS[track]["pairs"]
-    return pairs[:1] if spec.get("pairs") == "first" else pairs
-
-
-def spec_models(track, spec, default):
-    """all: every end model; merged: those the merges fuse; first_pair: the first pair's anchor and source."""
-    which = spec.get("models", default)
-    if which == "first_pair":
-        source, anchor = TRACKS[track]["pairs"][0]
-        return [anchor, source]
-    return TRACKS[track]["models" if which == "all" else "merged"]
+def each_spec(builder):
+    """An input kind's builder on the track's Track."""
+    return lambda track, group, spec: builder(TRACKS[track], group, spec)
 
 
 # input kind -> (track, group, its spec) -> files, in the order the writers list them
 INPUT_KINDS = {
-    "end_models": lambda track, group, spec: [model_dir(track, group, n) for n in spec_models(track, spec, "all")],
-    "end_evals": lambda track, group, spec: [end_eval(track, group, n) for n in spec_models(track, spec, "merged")],
-    "matched": lambda track, group, spec: [matched_dir(track, group, s, a, m) for s, a in spec_pairs(track, spec)
-                                           for m in spec_matchings(track, spec)],
-    "merged_evals": lambda track, group, spec: [
-        track_result(track, "merged_evals", f, group=group, source=s, anchor=a, matching=m)
-        for s, a in spec_pairs(track, spec) for m in spec_matchings(track, spec) for f in spec_methods(track, spec)],
-    "group_evals": lambda track, group, spec: [track_result(track, "group_evals", f, group=group, matching=m)
-                                               for m in spec_matchings(track, spec) for f in spec_methods(track, spec)],
-    "barriers": lambda track, group, spec: [track_result(track, "barriers", group=group, source=s, anchor=a, matching=m)
-                                            for s, a in spec_pairs(track, spec) for m in spec_matchings(track, spec)],
-    "mergekit_evals": lambda track, group, spec: [
-        track_result(track, "mergekit_evals", group=group, source=s, anchor=a, matching=m)
-        for s, a in spec_pairs(track, spec) for m in spec_matchings(track, spec)],
-    "task_data": lambda track, group, spec: [data_file(t) for t in track_tasks(track, group)],
-    "layer_sweeps": lambda track, group, spec: [track_result(track, "layer_sweeps", group=group)],
-    "multimodel": lambda track, group, spec: [track_result(track, "multimodel", group=group)],
-    "barycenter_evals": lambda track, group, spec: [track_result(track, "barycenter_evals", group=group)],
+    "end_models": each_spec(lambda t, group, spec: [model_dir(t.name, group, n) for n in spec_models(t, spec, "all")]),
+    "end_evals": each_spec(lambda t, group, spec: [end_eval(t.name, group, n) for n in spec_models(t, spec, "merged")]),
+    "matched": each_spec(lambda t, group, spec: [matched_dir(t.name, group, s, a, m) for s, a in spec_pairs(t, spec)
+                                                 for m in spec_matchings(t, spec)]),
+    "merged_evals": each_spec(lambda t, group, spec: [
+        track_result(t.name, "merged_evals", f, group=group, source=s, anchor=a, matching=m)
+        for (s, a), m in pair_matchings(t, spec, "merged_evals") for f in spec_methods(t, spec)
+        if f in pair_methods(t, (s, a))]),
+    "group_evals": each_spec(lambda t, group, spec: [track_result(t.name, "group_evals", f, group=group, matching=m)
+                                                     for m in spec_matchings(t, spec) for f in spec_methods(t, spec)]),
+    "barriers": each_spec(lambda t, group, spec: [
+        track_result(t.name, "barriers", group=group, source=s, anchor=a, matching=m)
+        for (s, a), m in pair_matchings(t, spec, "barriers")]),
+    "mergekit_evals": each_spec(lambda t, group, spec: [
+        track_result(t.name, "mergekit_evals", group=group, source=s, anchor=a, matching=m)
+        for (s, a), m in pair_matchings(t, spec, "mergekit_evals")]),
+    "task_data": each_spec(lambda t, group, spec: [data_file(task) for task in t.tasks(group)]),
+    "layer_sweeps": each_spec(lambda t, group, spec: [track_result(t.name, "layer_sweeps", group=group)]),
+    "multimodel": each_spec(lambda t, group, spec: [track_result(t.name, "multimodel", group=group)]),
+    "barycenter_evals": each_spec(lambda t, group, spec: [track_result(t.name, "barycenter_evals", group=group)]),
 }
-TRACK_KINDS = ("end_models", "end_evals", "matched", "task_data")   # every track has these (rules train,
-                                                                    # evaluate_end_model, match, data)
 
 
 def check_registry():
@@ -66,17 +52,14 @@ def check_registry():
             fail(f"{where}: writer {entry['writer']!r} is no module {WRITERS_DIR}/{entry['writer']}.py")
         if entry["paper"] is not None and not os.path.isfile(f"conf/paper/{entry['paper']}.csv"):
             fail(f"{where}: paper {entry['paper']!r} is no conf/paper/{entry['paper']}.csv")
+        for problem in TRACKS_PY.entry_problems(name, entry):
+            fail(f"{EXPERIMENTS_FILE}: {problem}")
         shown = set()
-        for track, kinds in {entry["track"]: {}, **entry["inputs"]}.items():
-            if track not in TRACKS:
-                fail(f"{where}: unknown track {track!r}; tracks are {', '.join(TRACKS)}")
-            for kind, spec in kinds.items():
-                if kind not in TRACK_KINDS and kind not in TRACK_RULES[track]:
-                    fail(f"{where}: the {track} track has no {kind}; it has "
-                         + ", ".join(list(TRACK_KINDS) + list(TRACK_RULES[track])))
+        for track, kinds in entry["inputs"].items():
+            for spec in kinds.values():
                 for matching in spec.get("matchings", []):
                     if matching == "profile":
-                        if TRACKS[track]["matching"] is None:
+                        if TRACKS[track].matching is None:
                             fail(f"{where}: the {track} track has no matching of the profile; name the matchings")
                         continue
                     shown.add(matching)
@@ -106,21 +89,24 @@ check_registry()
 # The experiments this profile builds: not switched off, and of a track the profile has (registry order); those
 # marked on_demand only when asked for by name (their target), never by the default target (report.md).
 EXPERIMENTS = {name: entry for name, entry in REGISTRY.items()
-               if name not in SETTINGS["experiments_off"] and TRACKS[entry["track"]]["groups"]}
+               if name not in SETTINGS["experiments_off"] and TRACKS[entry["track"]].groups}
 DEFAULT_EXPERIMENTS = [name for name, entry in EXPERIMENTS.items() if not entry.get("on_demand")]
 
 
-def merged_matchings(track, kind):
+def merged_matchings(track, kind, pair=None):
     """Every matching under which the built experiments need the track's merges of `kind` (merged_evals: the
-    pairwise merges, group_evals: the group merge), in the order first declared."""
+    pairwise merges, of `pair` when given; group_evals: the group merge), in the order first declared."""
     found = [m for entry in EXPERIMENTS.values() for t, kinds in entry["inputs"].items() if t == track
-             for k, spec in kinds.items() if k == kind for m in spec_matchings(track, spec)]
+             for k, spec in kinds.items() if k == kind
+             for p, m in (pair_matchings(TRACKS[track], spec, kind) if pair is not None
+                          else [(None, m) for m in spec_matchings(TRACKS[track], spec)])
+             if pair is None or p == tuple(pair)]
     return list(dict.fromkeys(found))
 
 
 def experiment_inputs(name):
     """The input files of an experiment: per declared track, per group of it, each declared kind of input."""
-    return [path for track, kinds in REGISTRY[name]["inputs"].items() for group in TRACKS[track]["groups"]
+    return [path for track, kinds in REGISTRY[name]["inputs"].items() for group in TRACKS[track].groups
             for kind, spec in kinds.items() for path in INPUT_KINDS[kind](track, group, spec)]
 
 

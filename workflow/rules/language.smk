@@ -1,41 +1,7 @@
 # Language track: its end models are fine-tuned by `train` and matched by `match` (results/<profile>/lang/
-# <model>/, the model being the track's group); here: pairwise merges (Table 1 in-domain), the merge of the
-# whole NER group (Table 1 out-of-domain), the layer-subset sweep (Figure 6) and group matching (beyond the
-# paper). Pairwise merges copy each evaluated task's head; grouped NER merges fuse the heads (one shared
-# label space).
-
-
-rule lang_merge_pair:
-    input:
-        anchor=model_dir("lang", "{group}", "{anchor}"),
-        source=lambda w: source_dir("lang", w.group, w.source, w.anchor, w.matching),
-        source_head=model_dir("lang", "{group}", "{source}"),
-        statistics=lambda w: unmoved_statistics("lang", w.group, unmoved([w.anchor, w.source], w.matching)),
-    output:
-        [f"{RESULTS}/lang/{{group}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in LANG_METHODS],
-    params:
-        profile=PROFILE,
-        methods=hydra_list(LANG_METHODS),
-        options=lambda w: method_options(w.group, w.anchor),
-        models=lambda w, input: hydra_list([input.anchor, input.source]),
-        tasks=lambda w: hydra_list([w.anchor, w.source]),
-        heads=lambda w, input: hydra_list([input.anchor, input.source_head]),
-        eval_dir=quoted_dirname,
-        statistics=statistics_option,
-    log:
-        f"{LOGS}/lang/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
-    benchmark:
-        f"{BENCH}/lang/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
-    threads: 1
-    resources:
-        gpu=1,
-    conda:
-        ENV
-    shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge "
-        "task={wildcards.anchor:q} methods={params.methods:q} method_options={params.options:q} "
-        "profile={params.profile:q} models={params.models:q} tasks={params.tasks:q} eval_tasks={params.tasks:q} "
-        "eval_heads={params.heads:q} statistics={params.statistics:q} eval_dir={params.eval_dir:q} > {log:q} 2>&1"
+# <model>/, the model being the track's group), its pairwise merges (Table 1 in-domain; each evaluated task with its
+# own head) by `lang_merge_pair` (merge.smk); here: the merge of the whole NER group (Table 1 out-of-domain; the
+# heads fused: one shared label space), the layer-subset sweep (Figure 6) and group matching (beyond the paper).
 
 
 rule lang_merge_group:
@@ -44,12 +10,12 @@ rule lang_merge_group:
         sources=lambda w: [source_dir("lang", w.group, s, LANG["ner"][0], w.matching) for s in LANG["ner"][1:]],
         statistics=lambda w: unmoved_statistics("lang", w.group, unmoved(LANG["ner"], w.matching)),
     output:
-        [f"{RESULTS}/lang/{{group}}/eval_group/ner/{{matching}}/{method}.json" for method in LANG_METHODS],
+        [f"{RESULTS}/lang/{{group}}/eval_group/ner/{{matching}}/{method}.json" for method in TRACKS["lang"].methods],
     params:
         profile=PROFILE,
-        ood=LANG_OOD,
-        methods=hydra_list(LANG_METHODS),
-        options=lambda w: method_options(w.group, LANG["ner"][0]),
+        ood=LANG["ner_ood"],
+        methods=hydra_list(TRACKS["lang"].methods),
+        options=lambda w: merge_options("lang", w.group, LANG["ner"][0]),
         models=lambda w, input: hydra_list([input.anchor] + list(input.sources)),
         tasks=hydra_list(LANG["ner"]),
         eval_dir=quoted_dirname,
@@ -64,7 +30,7 @@ rule lang_merge_group:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge "
+        "symfusion-merge "
         "task={params.ood:q} methods={params.methods:q} method_options={params.options:q} profile={params.profile:q} "
         "models={params.models:q} tasks={params.tasks:q} statistics={params.statistics:q} "
         "eval_dir={params.eval_dir:q} > {log:q} 2>&1"
@@ -94,7 +60,7 @@ rule layer_sweep:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-layers "
+        "symfusion-layers "
         "anchor={params.anchor:q} source={params.source:q} tasks={params.tasks:q} matching={params.matching:q} "
         "examples={params.examples:q} profile={params.profile:q} output={params.output:q} > {log:q} 2>&1"
 
@@ -121,7 +87,7 @@ rule multimodel:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-multimodel "
+        "symfusion-multimodel "
         "models={params.models:q} matching={params.matching:q} matching.multi=barycenter output={params.report:q} "
         "output_models={params.output_models:q} > {log:q} 2>&1"
 
@@ -134,7 +100,7 @@ rule multimodel_merge:
     params:
         models=lambda w, input: hydra_list(f"{input[0]}/{i}" for i in range(len(LANG["ner"]))),
         profile=PROFILE,
-        ood=LANG_OOD,
+        ood=LANG["ner_ood"],
         eval_dir=quoted_dirname,
     log:
         f"{LOGS}/lang/{{group}}/merge_barycenter/ner/simple.log",
@@ -144,6 +110,6 @@ rule multimodel_merge:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge "
+        "symfusion-merge "
         "task={params.ood:q} methods='[simple]' profile={params.profile:q} models={params.models:q} "
         "eval_dir={params.eval_dir:q} > {log:q} 2>&1"

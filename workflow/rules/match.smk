@@ -21,6 +21,6 @@ rule match:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-match "
+        "symfusion-match "
         "source={params.source:q} anchor={params.anchor:q} output={params.output:q} "
         "matching={wildcards.matching:q} data_task={params.data_task:q} profile={params.profile:q} > {log:q} 2>&1"

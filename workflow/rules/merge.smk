@@ -1,9 +1,10 @@
-# Merging (vision): fuse the anchor ViT with the matched source by every fusion method and evaluate each
-# merged model, in one process per matching (Fisher/Gram/OT statistics use the matched models; no merged
-# folder is kept). The language track's merges are in language.smk.
+# Merging: fuse the anchor with the (matched) source by every fusion method of the track and evaluate each merged
+# model, in one process per pair and matching (Fisher / Gram / OT statistics use the matched models; no merged folder
+# is kept). One rule per set of methods: vision's six, the language track's and the decoders' three; the language
+# track's group merge is in language.smk.
 
 
-# Fisher / Gram statistics of an end model that several merges fuse unmoved (common.smk: shares_statistics),
+# Fisher / Gram statistics of an end model that several merges fuse unmoved (sharing.smk: shares_statistics),
 # computed once on its own task's statistic batches; a merge reads them instead of computing them again
 # (symfusion-merge checks that they are of the same weights, data and options, bit for bit the same result).
 # Methods of the track without a per-model statistic are skipped by symfusion-statistics.
@@ -15,8 +16,8 @@ rule statistics:
     params:
         task=end_model_task,
         profile=PROFILE,
-        methods=lambda w: hydra_list(TRACKS[w.track]["methods"]),
-        options=lambda w: TRACKS[w.track]["options"](w.group, w.name),
+        methods=lambda w: hydra_list(TRACKS[w.track].methods),
+        options=lambda w: merge_options(w.track, w.group, w.name),
         model_dir=quoted_input(0),
         output=quoted_output,
     log:
@@ -29,34 +30,132 @@ rule statistics:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-statistics "
+        "symfusion-statistics "
         "task={params.task:q} profile={params.profile:q} model_dir={params.model_dir:q} methods={params.methods:q} "
         "method_options={params.options:q} output={params.output:q} > {log:q} 2>&1"
 
 
+def merge_statistic_tasks(w):
+    """Each model's own task, anchor first (the data of its Fisher / Gram statistics), or null: one shared task."""
+    track = TRACKS[w.track]
+    return hydra_list([track.task(w.group, w.anchor), track.task(w.group, w.source)]) \
+        if track.statistics_per_model else "null"
+
+
+def merge_heads(w):
+    """The model folders whose task heads score the pair's tasks (pairwise text merges: each task's own fine-tune),
+    or none: the merged model's own head."""
+    return [model_dir(w.track, w.group, name) for name in (w.anchor, w.source)] if TRACKS[w.track].heads_per_task else []
+
+
+# merge rule -> the tracks it merges (tracks that share a rule share their fusion methods: one output per method)
+MERGE_RULES = {"merge_evaluate": ("vision",), "lang_merge_pair": ("lang",), "decoder_merge": DECODER_TRACKS}
+
+
+def limited(tracks):
+    """Whether the pairs after the first merge by fewer methods (a track's more_pairs in the profile)."""
+    return any(TRACKS[t].more_pairs and TRACKS[t].more_pairs["methods"] != TRACKS[t].methods for t in tracks)
+
+
+def first_sources(tracks):
+    """A regex of the first pair's source in each of these tracks (each track's other pairs have other sources)."""
+    return "|".join(re.escape(TRACKS[t].pairs[0][0]) for t in tracks if TRACKS[t].pairs) or "(?!)"
+
+
+def merge_constraints(tracks, more=False):
+    """The wildcard constraints of a merge rule: its tracks; when the pairs after the first merge by fewer methods,
+    the first pair's source (the rule itself) or any other (its `_more` rule)."""
+    constraints = {"track": "|".join(tracks)}
+    if limited(tracks):
+        first = first_sources(tracks)
+        constraints["source"] = f"(?!(?:{first})-onto-)[A-Za-z0-9_]+" if more else first
+    return constraints
+
+
+def merge_outputs(tracks, more=False):
+    """A merge rule's outputs: one evaluation per fusion method of its tracks (of the first pair, or the more_pairs
+    methods of the others)."""
+    track = TRACKS[tracks[0]]
+    methods = track.more_pairs["methods"] if more else track.methods
+    return [f"{RESULTS}/{{track}}/{{group}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json"
+            for method in methods]
+
+
+def merge_rule(track, pair):
+    """The rule that merges a pair of a track (the pairs after the first: its `_more` rule when they merge by fewer
+    methods)."""
+    name = next(rule for rule, tracks in MERGE_RULES.items() if track in tracks)
+    return f"{name}_more" if limited(MERGE_RULES[name]) and tuple(pair) != TRACKS[track].pairs[0] else name
+
+
+# The merges of a pair under one matching, per track: vision's six methods here, the language track's and the
+# decoders' three in the rules below, which are this one with their own tracks and outputs.
 rule merge_evaluate:
+    wildcard_constraints:
+        **merge_constraints(MERGE_RULES["merge_evaluate"]),
     input:
-        anchor=model_dir("vision", "{group}", "{anchor}"),
-        source=matched_dir("vision", "{group}", "{source}", "{anchor}", "{matching}"),
-        statistics=lambda w: unmoved_statistics("vision", w.group, unmoved([w.anchor, w.source], w.matching)),
+        anchor=model_dir("{track}", "{group}", "{anchor}"),
+        source=lambda w: source_dir(w.track, w.group, w.source, w.anchor, w.matching),
+        heads=merge_heads,
+        statistics=lambda w: unmoved_statistics(w.track, w.group, unmoved([w.anchor, w.source], w.matching)),
     output:
-        [f"{RESULTS}/vision/{{group}}/eval/{{source}}-onto-{{anchor}}/{{matching}}/{method}.json" for method in FUSION_METHODS],
+        merge_outputs(MERGE_RULES["merge_evaluate"]),
     params:
-        methods=hydra_list(FUSION_METHODS),
         profile=PROFILE,
+        task=lambda w: task_of(w.track, w.group, w.anchor),
+        methods=lambda w: hydra_list(TRACKS_PY.pair_methods(TRACKS[w.track], (w.source, w.anchor))),
+        options=lambda w: merge_options(w.track, w.group, w.anchor),
         models=lambda w, input: hydra_list([input.anchor, input.source]),
+        tasks=merge_statistic_tasks,
+        eval_tasks=lambda w: hydra_list(TRACKS[w.track].pair_tasks(w.group, w.source, w.anchor)),
+        heads=lambda w, input: hydra_list(input.heads) if input.heads else "null",
         eval_dir=quoted_dirname,
         statistics=statistics_option,
     log:
-        f"{LOGS}/vision/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
+        f"{LOGS}/{{track}}/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.log",
     benchmark:
-        f"{BENCH}/vision/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
+        f"{BENCH}/{{track}}/{{group}}/merge/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
         gpu=1,
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-merge "
-        "task={wildcards.group:q} profile={params.profile:q} methods={params.methods:q} models={params.models:q} "
-        "statistics={params.statistics:q} eval_dir={params.eval_dir:q} > {log:q} 2>&1"
+        "symfusion-merge "
+        "task={params.task:q} methods={params.methods:q} method_options={params.options:q} profile={params.profile:q} "
+        "models={params.models:q} tasks={params.tasks:q} eval_tasks={params.eval_tasks:q} "
+        "eval_heads={params.heads:q} statistics={params.statistics:q} eval_dir={params.eval_dir:q} > {log:q} 2>&1"
+
+
+use rule merge_evaluate as lang_merge_pair with:
+    wildcard_constraints:
+        **merge_constraints(MERGE_RULES["lang_merge_pair"]),
+    output:
+        merge_outputs(MERGE_RULES["lang_merge_pair"]),
+
+
+use rule merge_evaluate as decoder_merge with:
+    wildcard_constraints:
+        **merge_constraints(MERGE_RULES["decoder_merge"]),
+    output:
+        merge_outputs(MERGE_RULES["decoder_merge"]),
+
+
+# The pairs after the first, where the profile merges them by fewer methods (more_pairs: the vision and decoder
+# tracks): the same merges, their own outputs.
+if limited(MERGE_RULES["merge_evaluate"]):
+
+    use rule merge_evaluate as merge_evaluate_more with:
+        wildcard_constraints:
+            **merge_constraints(MERGE_RULES["merge_evaluate"], more=True),
+        output:
+            merge_outputs(MERGE_RULES["merge_evaluate"], more=True),
+
+
+if limited(MERGE_RULES["decoder_merge"]):
+
+    use rule merge_evaluate as decoder_merge_more with:
+        wildcard_constraints:
+            **merge_constraints(MERGE_RULES["decoder_merge"], more=True),
+        output:
+            merge_outputs(MERGE_RULES["decoder_merge"], more=True),

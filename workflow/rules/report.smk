@@ -26,7 +26,7 @@ rule table:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report "
+        "symfusion-report "
         "artefact={wildcards.table:q} inputs={params.inputs:q} output={params.output:q} > {log:q} 2>&1"
 
 
@@ -47,7 +47,7 @@ rule figure:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report "
+        "symfusion-report "
         "artefact={wildcards.figure:q} inputs={params.inputs:q} output={params.output:q} > {log:q} 2>&1"
 
 
@@ -67,5 +67,5 @@ rule report:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-report "
+        "symfusion-report "
         "artefact=report inputs={params.inputs:q} output={params.output:q} > {log:q} 2>&1"

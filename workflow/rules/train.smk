@@ -24,6 +24,6 @@ rule train:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} symfusion-train "
+        "symfusion-train "
         "task={params.task:q} model={params.model:q} profile={params.profile:q} seed={params.seed:q} "
         "output={params.output:q} threads={threads} > {log:q} 2>&1"

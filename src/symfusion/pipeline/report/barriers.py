@@ -4,7 +4,8 @@ A barrier result (the barrier stage's JSON) holds the loss along theta(alpha) = 
 test example's loss at every point; a causal LM's examples are blocks, each with its summed loss and its predicted
 tokens, so a point's loss is the token-weighted mean. The barrier change of a matching (its barrier minus the
 unmatched path's) gets a paired bootstrap interval: the same resamples of examples for both paths; with several
-model pairs the changes are means over pairs.
+model pairs the change is the mean over pairs (its interval that of the mean), reported per pair too, with its spread
+over pairs and the verdict that holds over pairs (spread.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import numpy as np
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import (NUMBER, OPTIONAL_NUMBER, RESULT_FILE, STRING, array, percent, plt,
-                                               read_csv_rows, read_json, record)
+                                               read_csv_rows, read_json, read_paper_table, record)
+from symfusion.pipeline.report.spread import over_pairs, spread_columns, verdict_over_pairs
 from symfusion.pipeline.uncertainty import interval, resamples, verdict
 
 SHAPES = {RESULT_FILE: record({
@@ -90,22 +92,30 @@ def barrier_rows(barrier_paths: list[str], experiment: Experiment) -> tuple[dict
                 if matched[0].shape[1] != losses[0].shape[1]:
                     raise SymfusionError(f"{pair}: the {matching} and {BASELINE} paths scored different examples; "
                                          "pass barrier results of one test set")
-                changes[matching].append((data["barrier"] - baseline["barrier"],
+                changes[matching].append((pair, data["barrier"] - baseline["barrier"],
                                           barrier_resamples(matched, index) - base_resampled))
             rows += [{"pair": pair, "matching": matching, "alpha": p["alpha"], "loss": p["loss"],
                       "accuracy": percent(p.get("accuracy")), "barrier": data["barrier"],
                       "barrier_linear": data["barrier_linear"]} for p in data["path"]]
     summary = {}
     for matching, found in changes.items():
-        point = statistics.fmean(f[0] for f in found)
-        low, high = interval(np.mean([f[1] for f in found], axis=0))
-        summary[matching] = {"change": point, "low": low, "high": high,
-                             "verdict": verdict(low, high, lower_is_better=True)}
+        point = statistics.fmean(f[1] for f in found)
+        low, high = interval(np.mean([f[2] for f in found], axis=0))
+        per_pair = {pair: (change, *interval(resampled)) for pair, change, resampled in found}
+        spread = over_pairs({pair: change for pair, (change, _, _) in per_pair.items()})
+        summary[matching] = {"change": point, "low": low, "high": high, "per_pair": per_pair, "spread": spread,
+                             "verdict": verdict_over_pairs(spread, [verdict(lo, hi, lower_is_better=True)
+                                                                    for _, lo, hi in per_pair.values()],
+                                                           lower_is_better=True)}
     for row in rows:
         if row["matching"] in summary:
             change = summary[row["matching"]]
             row.update({"barrier_change": change["change"], "change_low": change["low"],
                         "change_high": change["high"], "change_verdict": change["verdict"]})
+            row.update(spread_columns("barrier_change", change["spread"]))
+            if len(pairs) > 1:
+                own, own_low, own_high = change["per_pair"][row["pair"]]
+                row.update({"pair_change": own, "pair_change_low": own_low, "pair_change_high": own_high})
     return by_pair, pairs, rows, summary
 
 
@@ -132,21 +142,53 @@ def plot_paths(experiment: Experiment, by_pair: dict, pairs: list[str], summary:
 
 
 def summary_cells(csv_path: Path) -> tuple[list[str], dict[str, float], int]:
-    """(one cell per matching: its mean barrier, above-line barrier and change with its interval; mean barrier per
-    matching; number of pairs) from a barrier figure's CSV."""
+    """(one cell per matching: its mean barrier and above-line barrier over its pairs (+- se over several), and its
+    change with its interval and the verdict over pairs; mean barrier per matching; number of pairs) from a barrier
+    figure's CSV."""
     rows = read_csv_rows(csv_path)
     per_matching = defaultdict(dict)                  # matching -> pair -> a row of its path (barriers per path)
     for r in rows:
         per_matching[r["matching"]][r["pair"]] = r
     pairs = len({r["pair"] for r in rows})
-    means = {m: {k: sum(float(r[k]) for r in found.values()) / len(found) for k in ("barrier", "barrier_linear")}
-             for m, found in per_matching.items()}
+    spreads = {m: {k: over_pairs({p: float(r[k]) for p, r in found.items()}) for k in ("barrier", "barrier_linear")}
+               for m, found in per_matching.items()}
     cells = []
     for matching, found in per_matching.items():
         r = next(iter(found.values()))                # the change and its interval: one per matching
-        cell = f"{matching} {means[matching]['barrier']:.3f} (above line {means[matching]['barrier_linear']:.3f})"
+        barrier, linear = spreads[matching]["barrier"], spreads[matching]["barrier_linear"]
+        cell = f"{matching} {barrier['mean']:.3f}"
+        cell += f" +- {barrier['se']:.3f}" if barrier["pairs"] > 1 else ""
+        cell += f" (above line {linear['mean']:.3f}; {barrier['pairs']} pair{'s' if barrier['pairs'] > 1 else ''})"
         if r.get("barrier_change"):
             cell += (f", change {float(r['barrier_change']):+.3f} [{float(r['change_low']):+.3f}, "
-                     f"{float(r['change_high']):+.3f}] {r['change_verdict']}")
+                     f"{float(r['change_high']):+.3f}]")
+            if r.get("barrier_change_pairs_low"):
+                cell += (f" pairs [{float(r['barrier_change_pairs_low']):+.3f}, "
+                         f"{float(r['barrier_change_pairs_high']):+.3f}]")
+            cell += f" {r['change_verdict']}"
         cells.append(cell)
-    return cells, {m: mean["barrier"] for m, mean in means.items()}, pairs
+    return cells, {m: spread["barrier"]["mean"] for m, spread in spreads.items()}, pairs
+
+
+def peer_lines(csv_path: Path, track: str) -> list[str]:
+    """Generalized LMC's published barriers (conf/paper/glmc.csv: Theus et al., arXiv 2506.22712; max over the path
+    minus the straight line between the end losses) beside ours in the same definition: unmatched, data-free and
+    learned whole-symmetry matching, each as a share of the unmatched barrier."""
+    ours = defaultdict(dict)
+    for r in read_csv_rows(csv_path):
+        ours[r["matching"]][r["pair"]] = float(r["barrier_linear"])
+    mean = {m: statistics.fmean(v.values()) for m, v in ours.items()}
+    if BASELINE not in mean:
+        return []
+    share = (lambda m: f" ({100 * mean[m] / mean[BASELINE]:.0f}%)") if mean[BASELINE] > 0 else (lambda m: "")
+    shares = [f"{label} {mean[m]:.2f}{share(m)}"
+              for m, label in (("full_symmetry", "data-free"), ("full_symmetry_learned", "learned")) if m in mean]
+    lines = [f"Above the straight line (Generalized LMC's definition), ours over {len(ours[BASELINE])} pair(s): "
+             f"unmatched {mean[BASELINE]:.2f}" + "".join(f"; {s}" for s in shares) + "."]
+    for row in read_paper_table("glmc"):
+        if row["track"] == track:
+            base, wm, learned = (float(row[k]) for k in ("vanilla", "weight_matching", "learned"))
+            lines.append(f"Generalized LMC (Theus et al., arXiv 2506.22712), {row['setting']}, as published: vanilla "
+                         f"{base:.2f}; weight matching {wm:.2f} ({100 * wm / base:.0f}%); learned {learned:.2f} "
+                         f"({100 * learned / base:.0f}%){'; ' + row['note'] if row.get('note') else ''}.")
+    return lines

@@ -9,7 +9,10 @@ results/ so that a fresh clone's pipeline really runs instead of finding its out
 figure data are found from the run's own report (the figures its report.md shows), wherever the command
 is run from, unless --figures says otherwise. Numbers must agree within the tolerance (absolute, in the
 table's units: accuracy/F1 points x100, losses); timing columns (Table 3, seconds) are only reported,
-never compared. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
+never compared. A cell that is a mean over several model pairs may also move by half the reference's 95% t
+interval over pairs (its spread columns, report/spread.py; a perplexity by what its loss's interval allows), and a
+cell the reference's tolerances.yaml names (cells known to depend on the CPU: why and how they were measured are
+in the file) by the tolerance recorded there; --exact allows nothing. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
 conf/experiments.yaml `on_demand`), an unreadable or malformed file, a
 row or a column that one side lacks: each is a difference. Exit code 0 when everything agrees, 1 with a
 readable diff otherwise, 2 (one line) for a usage error.
@@ -18,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import io
 import math
 import re
 import sys
 from pathlib import Path
+
+import yaml
 
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.registry import experiments
@@ -100,6 +106,46 @@ def row_tolerance(reference: dict, tolerance: float, within_intervals: bool) -> 
     return max([tolerance] + [w / 2 for w in widths if math.isfinite(w)])
 
 
+SPREAD_SUFFIXES = ("_pairs_low", "_pairs_high", "_sd", "_se")   # a cell's spread over pairs (report/spread.py)
+TOLERANCES_FILE = "tolerances.yaml"     # in a reference folder: recorded tolerances of cells that depend on the CPU
+
+
+def spread_tolerance(reference: dict, column: str) -> float:
+    """Half the reference's 95% t interval over model pairs of the cell `column` is, or is the spread of (a rerun that
+    trains other end models, e.g. on another CPU, may move a mean over pairs by that much); a perplexity's from its
+    loss's interval (exp); 0 for a cell without one (one pair)."""
+    base = next((column[:-len(s)] for s in SPREAD_SUFFIXES if column.endswith(s)), column)
+    loss_scale = None
+    if base == "perplexity":
+        base, loss_scale = "loss", as_number(reference.get("perplexity"))
+    low, high = as_number(reference.get(f"{base}_pairs_low")), as_number(reference.get(f"{base}_pairs_high"))
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return 0.0
+    half = (high - low) / 2
+    return half if loss_scale is None else abs(loss_scale) * math.expm1(half)
+
+
+def recorded_tolerances(reference: Path) -> dict[str, list[tuple[str, float]]]:
+    """file -> [(column pattern, tolerance)] from the reference's tolerances.yaml (none when it has no such file)."""
+    path = reference / TOLERANCES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        found = {name: [(str(pattern), float(value)) for pattern, value in columns.items()]
+                 for name, columns in (data.get("tolerances") or {}).items()}
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError) as error:
+        raise SymfusionError(f"{path} is not a readable tolerances file ({str(error).splitlines()[0]}); "
+                             "it maps file -> column pattern -> tolerance under `tolerances:`") from error
+    if any(not math.isfinite(v) or v < 0 for columns in found.values() for _, v in columns):
+        raise SymfusionError(f"{path}: every tolerance must be a finite number >= 0")
+    return found
+
+
+def recorded_tolerance(recorded: list[tuple[str, float]], column: str) -> float:
+    return max([v for pattern, v in recorded if fnmatch.fnmatchcase(column, pattern)], default=0.0)
+
+
 def row_label(row: dict) -> str:
     """A row's name in a message: its first cell, and the second when that is a name too (fig3: `ot_acts /
     rotation`), never a number (table2: `ot_acts`, not `ot_acts / 47.68`)."""
@@ -108,8 +154,9 @@ def row_label(row: dict) -> str:
 
 
 def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: float,
-                 within_intervals: bool = False) -> list[str]:
-    """Readable differences between two tables with the same layout."""
+                 within_intervals: bool = False, recorded: list[tuple[str, float]] | None = None) -> list[str]:
+    """Readable differences between two tables with the same layout; with a tolerance above 0, a cell's own
+    (spread over pairs, recorded) may widen it."""
     problems = []
     if ours and theirs:
         extra, lacking = sorted(set(ours[0]) - set(theirs[0])), sorted(set(theirs[0]) - set(ours[0]))
@@ -121,10 +168,12 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
         return problems + [f"{name}: {len(ours)} rows, reference has {len(theirs)}"]
     for index, (row, ref) in enumerate(zip(ours, theirs)):
         label = row_label(row)
-        allowed = row_tolerance(ref, tolerance, within_intervals)
+        row_allowed = row_tolerance(ref, tolerance, within_intervals)
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
+            allowed = row_allowed if tolerance == 0 and not within_intervals else max(
+                row_allowed, spread_tolerance(ref, column), recorded_tolerance(recorded or [], column))
             a, b = row.get(column), ref[column]
             x, y = as_number(a), as_number(b)
             if x is not None and y is not None:
@@ -137,7 +186,7 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
 
 
 def compare_file(name: str, path: Path, reference: Path, tolerance: float,
-                 within_intervals: bool = False) -> tuple[list[str], bool]:
+                 within_intervals: bool = False, recorded: list[tuple[str, float]] | None = None) -> tuple[list[str], bool]:
     """(problems, compared) for one artefact that at least one side has."""
     if not path.is_file():
         return [f"{name}: missing from the run ({path}); the reference has it"], False
@@ -151,7 +200,7 @@ def compare_file(name: str, path: Path, reference: Path, tolerance: float,
         theirs = load_table(reference)
     except Malformed as error:
         return [f"{name}: reference {reference} is malformed ({error})"], False
-    return compare_rows(name, ours, theirs, tolerance, within_intervals), True
+    return compare_rows(name, ours, theirs, tolerance, within_intervals, recorded), True
 
 
 def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_figures: Path,
@@ -164,11 +213,12 @@ def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_fig
     if only:
         pairs = [p for p in pairs if p[0] in only]
     on_demand = on_demand_files()
+    recorded = recorded_tolerances(reference)
     for name, path, ref in pairs:
         if not path.exists() and (not ref.exists() or name in on_demand):
             continue                         # an artefact neither run has (e.g. a profile without it), or one built
                                              # on demand that this run did not build
-        found, ok = compare_file(name, path, ref, tolerance, within_intervals)
+        found, ok = compare_file(name, path, ref, tolerance, within_intervals, recorded.get(name))
         problems += found
         compared += ok
     if compared == 0 and not problems:
@@ -230,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(only or []) - set(known))
     if unknown:
         return usage_error(f"--only {unknown[0]}: not an artefact; choose from {', '.join(known)}")
-    problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance,
-                                     args.within_intervals, only)
+    try:
+        problems, compared = compare_run(args.run_dir, figures, reference, reference_figures, tolerance,
+                                         args.within_intervals, only)
+    except SymfusionError as error:
+        return usage_error(str(error))
     if problems:
         print(f"{len(problems)} difference(s) from the reference (tolerance {tolerance}):")
         print("\n".join(f"  - {p}" for p in problems))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symfusion.pipeline.report.effects import (VISION_EVALS, accuracy_effect, accuracy_interval, effect_counts,
-                                               evaluations_of, mean_accuracy, merged_evaluations)
+from symfusion.pipeline.report.effects import (VISION_EVALS, accuracy_cell, accuracy_effect, accuracy_interval,
+                                               effect_columns, effect_counts, evaluations_of, merged_evaluations)
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import Built, csv_text, figure_files, method_label, plt, read_csv_rows
 
@@ -27,11 +27,10 @@ def fig3_rows(eval_paths: list[str], experiment: Experiment) -> tuple[list[str],
         for v in experiment.matchings("merged_evals"):
             found = evaluations_of(ours, m, v, experiment.name)
             low, high = accuracy_interval(found)
-            row = {"method": m, "variant": v, "accuracy": mean_accuracy(found), "low": low, "high": high}
+            row = {"method": m, "variant": v, **accuracy_cell(found, "accuracy"), "low": low, "high": high}
             if v != BASELINE:
                 effect = accuracy_effect(found, ours[(m, BASELINE)])
-                row.update({"effect": effect["effect"], "effect_low": effect["low"], "effect_high": effect["high"],
-                            "verdict": effect["verdict"]})
+                row.update({**effect_columns(effect, "effect"), "verdict": effect["verdict"]})
             rows.append(row)
     return methods, rows
 

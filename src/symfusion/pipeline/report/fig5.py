@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symfusion.pipeline.report.barriers import SHAPES, barrier_rows, plot_paths, summary_cells
+from symfusion.pipeline.report.barriers import peer_lines, SHAPES, barrier_rows, plot_paths, summary_cells
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import Built, csv_text, figure_files
 
@@ -34,4 +34,4 @@ def summary(csv_path: Path, experiment: Experiment) -> list[str]:
     over = f", means over {pairs} model pairs" if pairs > 1 else ""
     return [f"Figure 5: loss barriers (the paper's: max - min along the path{over}) " + "; ".join(cells) +
             f"; lowest: {lowest} ({'as' if lowest == 'rotation' else 'unlike'} the paper, where full "
-            "matching gives the lowest barrier)."]
+            "matching gives the lowest barrier)."] + peer_lines(csv_path, "vision")

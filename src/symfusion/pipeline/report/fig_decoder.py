@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symfusion.pipeline.report.barriers import BASELINE, SHAPES, barrier_rows, plot_paths, summary_cells
+from symfusion.pipeline.report.barriers import peer_lines, BASELINE, SHAPES, barrier_rows, plot_paths, summary_cells
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import Built, csv_text, figure_files
 
@@ -32,4 +32,4 @@ def summary(csv_path: Path, experiment: Experiment) -> list[str]:
     over = f", means over {pairs} model pairs" if pairs > 1 else ""
     verdict = ("no matching lowers it" if lowest == BASELINE else f"lowest after {lowest}")
     return [f"Figure D (decoders): loss barriers (max - min along the path{over}) " + "; ".join(cells) +
-            f"; {verdict}."]
+            f"; {verdict}."] + peer_lines(csv_path, "decoder")

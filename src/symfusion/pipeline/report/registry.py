@@ -18,6 +18,7 @@ import yaml
 
 from symfusion.pipeline.config import CONF_DIR, load_group
 from symfusion.errors import SymfusionError
+from symfusion.pipeline.tracks import entry_problems
 
 REGISTRY_FILE = CONF_DIR / "experiments.yaml"
 # its schema, which the workflow checks it against too (a checkout's workflow/; an installed package has none)
@@ -98,6 +99,9 @@ def experiments() -> dict[str, Experiment]:
         raise SymfusionError(f"{REGISTRY_FILE} holds no experiments")
     found = {}
     for name, entry in data.items():
+        problems = entry_problems(name, entry) if isinstance(entry, dict) and "track" in entry else []
+        if problems:
+            raise SymfusionError(f"{REGISTRY_FILE}: {problems[0]}")
         try:
             found[name] = Experiment(name=name, methods=tuple(entry.pop("methods", ())), **entry)
         except TypeError as error:

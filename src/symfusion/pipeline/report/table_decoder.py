@@ -17,7 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.report.effects import effect_counts, paired, pair_of
+from symfusion.pipeline.report.effects import effect_columns, effect_counts, effect_over_pairs, pair_of
+from symfusion.pipeline.report.spread import over_pairs, spread_columns
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import (NUMBER, RESULT_FILE, STRING, Built, array, csv_text, inputs_list,
                                                markdown_table, method_label, read_csv_rows, read_json, record,
@@ -68,17 +69,10 @@ def mean_loss(evaluations: dict[str, dict], task: str) -> float:
 
 
 def loss_effect(with_: dict[str, dict], without: dict[str, dict], task: str) -> dict:
-    """Mean loss difference over the pairs both have on `task`, with its paired bootstrap interval (and the spread
-    over pairs when there are several)."""
-    pairs = sorted(set(with_) & set(without))
-    if not pairs:
-        raise SymfusionError("no model pair has both evaluations an effect compares; pass both merges of a pair")
-    found = paired("loss", [(per_task(with_[p])[task]["per_example"], per_task(without[p])[task]["per_example"], task)
-                            for p in pairs])
-    if len(pairs) > 1:
-        found["spread"] = statistics.stdev(per_task(with_[p])[task]["metrics"]["loss"]
-                                           - per_task(without[p])[task]["metrics"]["loss"] for p in pairs)
-    return found
+    """Mean loss difference over the pairs both have on `task`, with its paired bootstrap interval, per pair and over
+    pairs (effects.effect_over_pairs)."""
+    return effect_over_pairs("loss", {p: (per_task(d)[task]["per_example"], task) for p, d in with_.items()},
+                             {p: (per_task(d)[task]["per_example"], task) for p, d in without.items()})
 
 
 def merge_name(client: str, method: str) -> str:
@@ -86,16 +80,17 @@ def merge_name(client: str, method: str) -> str:
 
 
 def merge_row(task: str, client: str, method: str, matching: str, runs: dict, merges: dict) -> dict:
-    loss = mean_loss(runs, task)
+    losses = {pair: per_task(data)[task]["metrics"]["loss"] for pair, data in runs.items()}
+    spread = over_pairs(losses)
     row = {"test_set": task, "model": merge_name(client, method), "method": method, "matching": matching,
-           "client": client, "loss": loss, "perplexity": math.exp(loss)}
+           "client": client, "loss": spread["mean"], "perplexity": math.exp(spread["mean"]),
+           **spread_columns("loss", spread)}
+    if len(losses) > 1:
+        row.update({f"loss_{pair}": value for pair, value in sorted(losses.items())})
     baseline = merges.get((CLIENT, method, BASELINE))
     if baseline is not None and (client, matching) != (CLIENT, BASELINE):
         found = loss_effect(runs, baseline, task)
-        row.update(effect=found["effect"], effect_low=found["low"], effect_high=found["high"],
-                   ours_effect=found["verdict"])
-        if "spread" in found:
-            row["effect_spread_over_pairs"] = found["spread"]
+        row.update(effect_columns(found, "effect"), ours_effect=found["verdict"])
     own = merges.get((CLIENT, method, matching))
     if client != CLIENT and own is not None:
         shared = {pair: own[pair] for pair in runs if pair in own}         # another client may merge fewer pairs
@@ -148,6 +143,10 @@ def shown(row: dict, experiment: Experiment) -> dict:
     """A row as the Markdown table shows it: labels, 3 decimals, the effect with its interval in one cell."""
     effect = "" if row.get("effect") is None else (f"{nats(row['effect'])} [{nats(row['effect_low'])}, "
                                                     f"{nats(row['effect_high'])}]")
+    if effect and row.get("effect_pairs", 1) > 1:
+        effect += f" pairs [{nats(row['effect_pairs_low'])}, {nats(row['effect_pairs_high'])}]"
+    loss = f"{row['loss']:.3f}" + (f" +- {row['loss_se']:.3f} ({row['loss_pairs']})"
+                                   if row.get("loss_pairs", 1) > 1 else "")
     versus = "" if row.get("vs_symfusion") is None else (f"loss {row['vs_symfusion']:+.1e}, weights max "
                                                           f"{row['max_weight_difference']:.1e}")
     method = row.get("method")
@@ -155,7 +154,7 @@ def shown(row: dict, experiment: Experiment) -> dict:
             "merge": (f"{method_label(method)}" + (f" (by {row['client']})" if row["client"] != CLIENT else "")
                       if method else row["model"]),
             "matching": experiment.label(row["matching"]) if method else "-",
-            "loss": f"{row['loss']:.3f}", "perplexity": f"{row['perplexity']:.1f}",
+            "loss": loss, "perplexity": f"{row['perplexity']:.1f}",
             "effect vs w/o match (nats) [95%]": effect, "verdict": row.get("ours_effect", ""),
             "vs symfusion's merge": versus}
 
@@ -165,10 +164,12 @@ def build(paths: list[str], experiment: Experiment) -> Built:
     heading = experiment.title.split("(", 1)[-1].rstrip(")") if "(" in experiment.title else experiment.title
     text = f"# {heading}\n\n" + markdown_table([shown(r, experiment) for r in rows]) + "\n"
     pairs = max((r.get("pairs", 0) for r in rows), default=0)
-    text += (f"Loss: mean next-token cross-entropy on the held-out test blocks (nats per token), mean over {pairs} model "
-             "pair(s); perplexity = exp(loss). Effect: the loss with the matching minus the same method's loss without "
+    text += (f"Loss: mean next-token cross-entropy on the held-out test blocks (nats per token), mean over the model "
+             f"pairs that have the merge (up to {pairs}; over several, +- its standard error, the count in parentheses); "
+             "perplexity = exp(mean loss). Effect: the loss with the matching minus the same method's loss without "
              "matching, with the 95% interval of a paired bootstrap over the test blocks (token-weighted, "
-             f"{RESAMPLES} seeded resamples); it helps (lower loss) or hurts only when the interval excludes 0, else "
+             f"{RESAMPLES} seeded resamples) and, over several pairs, the 95% t interval over pairs (`pairs [..]`); it "
+             "helps (lower loss) or hurts only when these intervals and every pair's own exclude 0 on that side, else "
              "no detectable change.\n")
     matchings = [m for m in experiment.matchings("merged_evals") if m != BASELINE]
     text += "\nMatchings: " + "; ".join(f"`{m}` ({experiment.label(m)})" for m in matchings) + ".\n"
@@ -183,6 +184,12 @@ def build(paths: list[str], experiment: Experiment) -> Built:
                  f"{max(abs(r['vs_symfusion']) for r in mergekit):.1e} nats.\n")
     if any(r["model"] == "unigram baseline" for r in rows):
         text += "\nUnigram baseline: a model that ignores context (the train blocks' token counts), in the task's tokens.\n"
+    per_pair = [{"test set": r["test_set"], "merge": r["model"], "matching": experiment.label(r["matching"]),
+                 **{k[len("loss_"):]: f"{v:.3f}" for k, v in r.items() if k.startswith("loss_") and "-onto-" in k},
+                 "sd": f"{r['loss_sd']:.3f}", "se": f"{r['loss_se']:.3f}"}
+                for r in rows if r.get("loss_pairs", 1) > 1]
+    if per_pair:
+        text += "\nPer model pair (loss, nats per token; sd and se over the pairs):\n\n" + markdown_table(per_pair)
     text += f"\n{OTHER_METHODS_NOTE}\n\n" + inputs_list(paths)
     return Built(rows, {".csv": csv_text(rows), ".md": signed_markdown(text)})
 

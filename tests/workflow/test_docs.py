@@ -111,7 +111,9 @@ def console_scripts() -> dict[str, str]:
 
 
 def conf_exists(group: str, name: str) -> bool:
-    return (ROOT / "conf" / group / f"{name}.yaml").is_file()
+    """A matching or fusion preset is the library's (src/symfusion/presets/), any other conf group the pipeline's."""
+    folder = ROOT / "src" / "symfusion" / "presets" if group in ("matching", "fusion") else ROOT / "conf"
+    return (folder / group / f"{name}.yaml").is_file()
 
 
 @lru_cache(maxsize=None)
