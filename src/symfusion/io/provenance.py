@@ -42,6 +42,7 @@ def machine() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # torch's CPU kernels: AVX2 in a portable run
     }
 
 
