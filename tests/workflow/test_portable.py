@@ -96,10 +96,12 @@ def capability_of_a_real_job(tmp_path, monkeypatch, *config: str) -> str:
     return report["provenance"]["machine"]["cpu_capability"]
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_a_portable_run_forks_its_jobs_from_a_capped_worker(tmp_path, monkeypatch):
     assert capability_of_a_real_job(tmp_path, monkeypatch) == "AVX2"          # conf/pipeline.yaml: portable: true
 
 
+@pytest.mark.slow
 def test_portable_false_leaves_the_machines_kernels(tmp_path, monkeypatch):
     assert capability_of_a_real_job(tmp_path, monkeypatch, "portable=false") == probe({})[0]["torch"]
