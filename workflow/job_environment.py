@@ -2,7 +2,7 @@
 
 The Snakefile exports it before every job's command and starts the warm worker with it (warm.py refuses a job
 whose environment differs from the worker's, so both must get it from here). Plain Python without symfusion:
-the Snakefile runs where the package may be absent (tests/test_workflow.py imports this file by its path).
+the Snakefile runs where the package may be absent (tests/workflow/test_portable.py imports this file by its path).
 """
 from __future__ import annotations
 

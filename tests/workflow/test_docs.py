@@ -110,16 +110,21 @@ def console_scripts() -> dict[str, str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def conf_exists(group: str, name: str) -> bool:
+def group_dir(group: str) -> Path:
     """A matching or fusion preset is the library's (src/symfusion/presets/), any other conf group the pipeline's."""
-    folder = ROOT / "src" / "symfusion" / "presets" if group in ("matching", "fusion") else ROOT / "conf"
-    return (folder / group / f"{name}.yaml").is_file()
+    return (ROOT / "src" / "symfusion" / "presets" if group in ("matching", "fusion") else ROOT / "conf") / group
+
+
+def conf_exists(group: str, name: str) -> bool:
+    return (group_dir(group) / f"{name}.yaml").is_file()
 
 
 @lru_cache(maxsize=None)
 def stage_keys(stage: str) -> frozenset[str] | None:
-    """The keys a Hydra stage takes on its command line: conf/<stage>.yaml's own and its defaults' groups."""
-    path = ROOT / "conf" / f"{stage}.yaml"
+    """The keys a Hydra stage takes on its command line: its yaml's own (conf/<stage>.yaml; match's is the library's
+    preset, src/symfusion/presets/match.yaml) and its defaults' groups."""
+    path = next((p for p in (ROOT / "conf" / f"{stage}.yaml", ROOT / "src" / "symfusion" / "presets" / f"{stage}.yaml")
+                 if p.is_file()), ROOT / "conf" / f"{stage}.yaml")
     if not path.is_file():
         return None
     data = yaml.safe_load(path.read_text()) or {}
@@ -130,8 +135,8 @@ def stage_keys(stage: str) -> frozenset[str] | None:
 
 @lru_cache(maxsize=None)
 def group_keys(group: str) -> frozenset[str]:
-    """Every key some conf/<group>/*.yaml sets (what `group.key=` may override)."""
-    return frozenset(key for path in (ROOT / "conf" / group).glob("*.yaml")
+    """Every key some <group>/*.yaml sets (what `group.key=` may override)."""
+    return frozenset(key for path in group_dir(group).glob("*.yaml")
                      for key in (yaml.safe_load(path.read_text()) or {}))
 
 
@@ -241,8 +246,8 @@ def hydra_problems(name: str, stage: str, args: list[str]) -> list[str]:
         head, _, rest = key.partition(".")
         if head not in keys:
             problems.append(f"{name}: no key {head!r} in conf/{stage}.yaml")
-        elif rest and (ROOT / "conf" / head).is_dir() and rest.split(".")[0] not in group_keys(head):
-            problems.append(f"{name}: no key {rest!r} in any conf/{head}/*.yaml")
+        elif rest and group_dir(head).is_dir() and rest.split(".")[0] not in group_keys(head):
+            problems.append(f"{name}: no key {rest!r} in any {group_dir(head).relative_to(ROOT)}/*.yaml")
     return problems
 
 
@@ -295,11 +300,11 @@ def command_problems(line: str, targets: list) -> list[str]:
     for key, value in CONF_VALUE.findall(line):
         for name in value.split("|"):
             if CONF_NAME.fullmatch(name) and not conf_exists(GROUP_OF[key], name):
-                problems.append(f"{key}={name}: no conf/{GROUP_OF[key]}/{name}.yaml")
+                problems.append(f"{key}={name}: no {group_dir(GROUP_OF[key]).relative_to(ROOT)}/{name}.yaml")
     for key, values in CONF_LIST.findall(line):
         for name in (v.strip() for v in values.split(",")):
             if CONF_NAME.fullmatch(name) and not conf_exists(LIST_GROUP_OF[key], name):
-                problems.append(f"{key}=[..{name}..]: no conf/{LIST_GROUP_OF[key]}/{name}.yaml")
+                problems.append(f"{key}=[..{name}..]: no {group_dir(LIST_GROUP_OF[key]).relative_to(ROOT)}/{name}.yaml")
     return problems
 
 
@@ -375,7 +380,7 @@ def test_the_readme_is_a_front_door_with_the_quick_start_ci_runs():
     blocks = [block.strip() for block in FENCE.findall(readme)]
     assert SETUP_AND_RUN in blocks and TESTS in blocks             # each its own block, exactly
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/setup.sh" in ci and re.search(r"(?m)^python -m pytest$", ci)
+    assert "bash scripts/setup.sh" in ci and re.search(r"(?m)^python -m pytest( --durations=\d+)?$", ci)
     assert all(f"docs/{page.name}" in readme for page in PAGES[1:])   # the index names every page
 
 
@@ -406,13 +411,14 @@ def test_a_page_with_one_mistake_of_each_kind_fails_on_each():
     problems = page_problems(page, text, targets) + target_problems(targets)
     expected = ["no_such_page.md: no such file", "#no-such-heading", "#nowhere",
                 "symfusion-frobnicate: no such command", "no key 'sauce' in conf/match.yaml",
-                "matching=rotatoin: no conf/matching/rotatoin.yaml", "no key 'rescaling' in any conf/matching",
+                "matching=rotatoin: no src/symfusion/presets/matching/rotatoin.yaml",
+                "no key 'rescaling' in any src/symfusion/presets/matching",
                 "methods=[..averaging..]", "symfusion-compare has no option --tolerence",
                 "benchmarks/bench_nothing.py: no such path", "has no option --predikt",
                 "scripts/check_slurm.sh has no option --skip-rule", "no conf/profile/huge.yaml",
                 "snakemake does not take --corse", "targets go before --config",
                 "snakemake results/mini/table9.csv (profile=mini): the workflow does not build it",
-                "fusion=averaging: no conf/fusion/averaging.yaml", "src/symfusion/no_such_module.py: no such path",
+                "fusion=averaging: no src/symfusion/presets/fusion/averaging.yaml", "src/symfusion/no_such_module.py: no such path",
                 "matching/no_such_solver.py: no file of the repository"]
     for mistake in expected:
         assert sum(mistake in p for p in problems) == 1, (mistake, problems)

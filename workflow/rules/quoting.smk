@@ -1,5 +1,5 @@
 # Values on a command line: every value on a rule's command line goes through the shell as one word (`{params.x:q}`,
-# `{log:q}`; tests/test_workflow.py checks that no rule's shell interpolates anything unquoted), and every path reaches
+# `{log:q}`; tests/workflow/test_workflow_safety.py checks that no rule's shell interpolates anything unquoted), and every path reaches
 # Hydra as a quoted string, so that a space, comma, bracket, quote or ${ in a path arrives intact.
 
 PLAIN_PATH = re.compile(r"(?=.*/)[A-Za-z0-9_./][A-Za-z0-9_./-]*")    # with a slash: Hydra reads it as a string

@@ -115,7 +115,7 @@ def matching_conf(name):
 
 def match_data_task(wildcards):
     """A matching that reads the models' activations or loss (MatchConfig.needs_data: residual_solve: activations,
-    or refine: loss; tests/test_workflow.py ties the two) reads the source end model's own task; others none."""
+    or refine: loss; tests/workflow/test_workflow.py ties the two) reads the source end model's own task; others none."""
     conf = matching_conf(wildcards.matching)
     if conf.get("residual_solve") == "activations" or conf.get("refine") == "loss":
         return task_of(wildcards.track, wildcards.group, wildcards.source)

@@ -7,7 +7,7 @@ blocks, the residual cross product M is a sum over layers plus the tensors outsi
 norm, head; read once). The distance separates over layers too, so each layer keeps the better of its new
 and its previous block transform, and the descent never rises. The first map comes from the tensors no
 block solve touches; the paper's block matching (R = I) is a candidate, as in matching/whole.py, whose
-maths this streams (the result equals it: tests/test_residual_folders.py). The writing pass folds, moves and
+maths this streams (the result equals it: tests/library/test_residual_folders.py). The writing pass folds, moves and
 unfolds each layer with the gains closest to the anchor (gauge_gains), applies its block transform and checks
 the block on the moved stream (block'(R h) = R block(h)); the whole model's logits are checked when it is small.
 Cost: each alternation reads both models once and repeats every layer's block solves.

@@ -141,7 +141,7 @@ def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
     """MODULE/FILE.gguf -> a float32 safetensors folder converted from that file (once; reused when complete).
 
     transformers' GGUF loader (packages gguf, accelerate) de-quantizes the weights and un-interleaves GGUF's q/k rows
-    into Hugging Face's rotate_half layout, which symfusion's RoPE planes rely on (tests/test_smollm2.py). The folder
+    into Hugging Face's rotate_half layout, which symfusion's RoPE planes rely on (tests/pipeline/test_smollm2.py). The folder
     `<cache_dir>/gguf__MODULE__STEM@SHA12` gets config.json, model.safetensors, the tokenizer read from the same file
     and gguf.json; it is written beside its name and renamed into place (a killed conversion leaves nothing
     half-written; of two concurrent ones the first to finish wins)."""

@@ -27,7 +27,7 @@ LOCK_VARIABLE = "SYMFUSION_HUB_LOCK"
 LOCK_FILE = "hub-revisions.lock.json"
 LOCK_FORMAT = "symfusion-hub-lock/1"
 
-# Hub repository -> why conf/ names a ref rather than a commit (checked by tests/test_pins.py).
+# Hub repository -> why conf/ names a ref rather than a commit (checked by tests/workflow/test_pins.py).
 LOCKED_REFS: dict[str, str] = {
     "microsoft/deberta-v3-large": (
         "its main branch holds only pickled weights (pytorch_model.bin, tf_model.h5); model.safetensors exists only "

@@ -44,7 +44,7 @@ def paper_anomalies() -> list[str]:
     if identical:
         notes.append(f"Table 1: RegMean equals Simple exactly in {', '.join(identical)}. The authors' NLP RegMean "
                      "passed the Gram matrices under the wrong keyword and silently fell back to plain averaging; "
-                     "our RegMean uses them (tests/test_fusion_fisher_regmean.py shows it differs from Simple).")
+                     "our RegMean uses them (tests/library/test_fusion_fisher_regmean.py shows it differs from Simple).")
     notes.append("Table 1: the reference computed Fisher and Gram statistics before matching, so its '+match' "
                  "Fisher/RegMean rows mix statistics of unmatched models with matched weights; ours compute them "
                  "on the matched models.")

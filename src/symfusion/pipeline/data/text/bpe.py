@@ -3,7 +3,7 @@
 The kind GPT-2 and SmolLM2 use: text is split as GPT-2 splits it (no prefix space) into its UTF-8 bytes, which are
 merged by the learned BPE merges, so every string has a tokenisation (no unknown token). One special token,
 `<|endoftext|>` (id 0), ends each document, and is the tokenizer's bos, eos and pad token. Training is deterministic:
-the same texts and settings give the same tokenizer.json, whatever the number of threads (tests/test_causal_lm.py).
+the same texts and settings give the same tokenizer.json, whatever the number of threads (tests/pipeline/test_causal_lm.py).
 """
 from __future__ import annotations
 
