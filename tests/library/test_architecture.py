@@ -135,7 +135,8 @@ def test_no_import_cycle():
 
 
 REPORT = "symfusion.pipeline.report"
-REPORT_SHARED = {f"{REPORT}.registry", f"{REPORT}.results", f"{REPORT}.effects", f"{REPORT}.barriers"}
+REPORT_SHARED = {f"{REPORT}.registry", f"{REPORT}.results", f"{REPORT}.effects", f"{REPORT}.barriers",
+                 f"{REPORT}.spread"}
 
 
 def test_report_modules_import_no_sibling_but_the_shared_ones():

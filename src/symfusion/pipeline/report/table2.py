@@ -40,9 +40,11 @@ def table2_rows(eval_paths: list[str], experiment: Experiment) -> list[dict]:
     others = [m for m in named if m not in experiment.paper_columns and m != vs]
     rows = []
     for method in experiment.ordered_methods(m for m, matching in ours if matching == vs):
-        row = {"method": method}
+        row, spreads = {"method": method}, {}
         for matching, column in named.items():
-            row.update(accuracy_cell(evaluations_of(ours, method, matching, experiment.name), f"ours_{column}"))
+            cell = accuracy_cell(evaluations_of(ours, method, matching, experiment.name), f"ours_{column}")
+            row[f"ours_{column}"] = cell.pop(f"ours_{column}")
+            spreads.update(cell)                       # each matching's spread over pairs follows the accuracies
         baseline = ours[(method, vs)]
         found = accuracy_effect(ours[(method, of)], baseline)
         row.update(effect_columns(found, "effect"))
@@ -61,6 +63,7 @@ def table2_rows(eval_paths: list[str], experiment: Experiment) -> list[dict]:
         row["paper_effect"] = direction(p0, p1) if p0 is not None and p1 is not None else ""
         row["effect_agrees"] = agreement(row["ours_effect"], row["paper_effect"])
         row["pairs"] = len(baseline)
+        row.update(spreads)
         rows.append(row)
     return rows
 
