@@ -23,6 +23,7 @@ lm_head does not fold (lm_head is the embedding table): there only (signed) perm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
 import torch
@@ -254,7 +255,13 @@ def is_signed_permutation(r: torch.Tensor) -> bool:
 # ---------------------------------------------------------------- LayerNorm's constraint: r 1 = +-1
 
 def centred_basis(hidden: int) -> torch.Tensor:
-    """An orthonormal basis of the complement of the all-ones vector, (hidden, hidden - 1) float64 (Helmert's)."""
+    """An orthonormal basis of the complement of the all-ones vector, (hidden, hidden - 1) float64 (Helmert's);
+    a copy of one computed once per size."""
+    return _helmert(hidden).clone()
+
+
+@lru_cache(maxsize=4)
+def _helmert(hidden: int) -> torch.Tensor:
     basis = torch.zeros(hidden, hidden - 1, dtype=torch.float64)
     for k in range(1, hidden):                    # column k-1: (1, ..., 1, -k, 0, ...) / sqrt(k (k + 1))
         basis[:k, k - 1] = 1.0
