@@ -24,10 +24,10 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
-from symfusion.matching.descent import descend, distance_of, fan_in_weights, weighted
+from symfusion.matching.descent import descend, distance_of, fan_in_weights, paper_lower_bound, parts, weighted
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import first_map, untouched_cross
-from symfusion.matching.whole import choose, summary
+from symfusion.matching.whole import CHOICE_TOL, choose, summary
 from symfusion.sharded import (BlockCheck, ShardedFolder, _layer_prefix, check_whole_model, finish_folder,
                                open_pair, open_writers, tolerance_for)
 from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
@@ -81,26 +81,44 @@ def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> dict[int, Lay
 
 
 def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) -> tuple[torch.Tensor, dict, dict]:
-    """(residual map, blocks per layer, info) of matching/whole.py's descent on the streamed pair; the paper's block
-    matching instead where it is closer to the anchor as stored (one more pass)."""
+    """(residual map, blocks per layer, info) of matching/whole.py's descent and choice on the streamed pair."""
     eye = torch.eye(pair.stream.hidden, dtype=torch.float64)
-    paper_blocks = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
-    candidates = [{"start": "paper", "folded_distance": distance_of(pair, eye, paper_blocks), "r": eye,
-                   "blocks": paper_blocks}]
     with clock("residual"):
         r0, in_group = first_map(*untouched_cross(pair), group)
     r, blocks, dist, info = descend(pair, group, r0, in_group, config, clock)
-    candidates.append({"start": "weights", "folded_distance": dist, "r": r, "blocks": blocks, **info})
+    runs = [{"start": "weights", "folded_distance": dist, "r": r, "blocks": blocks, **info}]
+    paper: dict = {}
+
+    def paper_blocks() -> dict:
+        if "blocks" not in paper:
+            paper["blocks"] = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
+        return paper["blocks"]
+
+    bound = paper_lower_bound(parts(pair), pair.layout)
+    candidates = runs
+    if dist >= bound * (1 - CHOICE_TOL):
+        paper["distance"] = distance_of(pair, eye, paper_blocks())
+        candidates = [{"start": "paper", "folded_distance": paper["distance"], "r": eye, "blocks": paper_blocks()}] + runs
     best = choose(candidates)
     chosen = "paper" if best["start"] == "paper" else "descent"
     r, blocks = best["r"], best["blocks"]
-    if chosen != "paper" and _stored_distance(pair, eye, paper_blocks) <= _stored_distance(pair, r, blocks):
-        r, blocks, chosen = eye, paper_blocks, "paper, closer as stored"
+    if chosen != "paper":
+        stored = _stored_distance(pair, r, blocks)
+        if stored >= paper_lower_bound(_raw_parts(pair), pair.layout) and stored >= _stored_distance(pair, eye, paper_blocks()):
+            r, blocks, chosen = eye, paper_blocks(), "paper, closer as stored"
     return r, blocks, {"group": group, "residual_solve": "weights", "weighting": config.weighting,
-                       "folded_distance_blocks_only": candidates[0]["folded_distance"],
+                       "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
                        "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
                        "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final,
-                       **summary(candidates, best)}
+                       **summary(runs, best)}
+
+
+def _raw_parts(pair: _Pair):
+    """The source's and the anchor's canonical tensors as stored (not folded), by part, as descent.parts gives them."""
+    for i in [None] + list(range(pair.layout.num_layers)):
+        keys = pair.outside_keys if i is None else pair.layer_keys(i)
+        yield (i, *(pair.layout.canonical(folder.read([k for k in keys if k in folder.weight_map], torch.float32))
+                    for folder in (pair.src, pair.anc)))
 
 
 def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Path, config: MatchConfig,

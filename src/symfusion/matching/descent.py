@@ -23,13 +23,15 @@ import dataclasses
 import math
 from typing import Mapping
 
+import numpy as np
 import torch
 
 from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES
 from symfusion.matching.compose import MatchConfig, StageClock, match_attention_layers, match_blocks
-from symfusion.matching.joint import qk_norms, vo_norms
+from symfusion.matching.joint import head_objective, qk_norms, vo_norms
+from symfusion.matching.permutation import ffn_cross, max_assignment
 from symfusion.matching.rescale import best_scales
 from symfusion.matching.residual import project_to_group, residual_cross, solve_residual
 from symfusion.matching.rotation import frobenius_inner, procrustes, qk_cross_parts, qk_procrustes, vo_cross_parts
@@ -38,6 +40,7 @@ from symfusion.stream import StreamLayout, rotate_stream
 from symfusion.symmetry import LayerTransform, apply_blocks
 
 TOL = 1e-9             # the inner loop stops when R moves by at most this (largest entry, float64)
+LOOSE = 1e-3           # ... and while the discrete parts may still change, at most this
 MAX_INNER = 500        # continuous steps per inner loop
 MAX_OUTER = 20         # block solves
 ANDERSON = 5           # Anderson acceleration: past steps mixed
@@ -104,24 +107,97 @@ def discrete_parts(blocks: Mapping[int, LayerTransform]) -> dict:
             for i, t in blocks.items()}
 
 
+@dataclasses.dataclass
+class FFNMargin:
+    """What certifies a layer's FFN permutation at a later R without its cross product: the map R it was found
+    at, the permutation (the row argmax of C, so optimal), the least gap between a row's largest and second
+    largest entry, and the bound on |dC| per unit |dR|_2 (max_j |a_j| max_k |s_k| summed over the FFN's maps)."""
+
+    r: torch.Tensor
+    perm: torch.Tensor
+    margin: float
+    bound: float
+    slack: float        # float32 rounding of C
+
+
+def ffn_solve(moved: Mapping, fa: Mapping, ffn, r: torch.Tensor, memo: FFNMargin | None,
+              source: Mapping) -> tuple[torch.Tensor, FFNMargin | None]:
+    """The FFN permutation at R, skipping the cross product when `memo` certifies it: C(R) differs from the cross
+    product it was found on by at most |R - memo.r|_2 * bound per entry, so while that stays under half the margin
+    every row's argmax, a permutation and hence the optimum, stays (`source`: the unmoved source, whose neuron
+    norms bound the change)."""
+    if memo is not None:
+        change = float(torch.linalg.matrix_norm(r - memo.r, ord=2))
+        if 2 * (change * memo.bound + memo.slack) < memo.margin:
+            return memo.perm, memo
+    cross = ffn_cross(moved, fa, ffn)                                             # (ffn, ffn) float32
+    perm = max_assignment(cross)
+    if not torch.equal(torch.from_numpy(cross.argmax(axis=1)), perm):
+        return perm, None                                                         # the solver ran: no certificate
+    top = np.partition(cross, -2, axis=1)[:, -2:]                                 # (ffn, 2)
+    maps = [(ffn.input.weight, 1), (ffn.output.weight, 0)] + ([(ffn.gate.weight, 1)] if ffn.gate else [])
+    bound = sum(float(fa[k].double().norm(dim=dim).max() * source[k].double().norm(dim=dim).max()) for k, dim in maps)
+    inner = sum(fa[k].shape[dim] for k, dim in maps)
+    return perm, FFNMargin(r.clone(), perm, float((top[:, 1] - top[:, 0]).min()), bound, 4 * inner * 2.0 ** -24 * bound)
+
+
 def block_pass(pair, r: torch.Tensor, config: MatchConfig, previous: Mapping[int, LayerTransform] | None,
-               clock: StageClock) -> tuple[dict[int, LayerTransform], float]:
+               clock: StageClock, memos: dict | None = None) -> tuple[dict[int, LayerTransform], float]:
     """Each layer's block solve on R fs, kept only where closer than `previous` (the distance separates over
-    layers once R is fixed); (the chosen transforms, D^2 with them)."""
+    layers once R is fixed); (the chosen transforms, D^2 with them). `memos` (layer -> FFNMargin) carries the
+    certificates of FFN permutations between passes."""
     stream, layout = pair.stream, pair.layout
     src_out, anc_out = pair.outside
     squared = _squared(rotate_stream(src_out, stream, r), anc_out)
+    certified = memos is not None and config.ffn == "permutation"
+    attention_only = dataclasses.replace(config, ffn="none") if certified else config
     blocks = {}
     for i in range(layout.num_layers):
         fs, fa = pair.layer(i)
         moved = rotate_stream(fs, stream, r)
-        found = match_blocks(moved, fa, layout, config, layers=[i], clock=clock, canonical=True).transform.layers
-        candidates = [found.get(i, LayerTransform())] + ([previous[i]] if previous is not None else [])
+        found = match_blocks(moved, fa, layout, attention_only, layers=[i], clock=clock, canonical=True).transform.layers
+        found = found.get(i, LayerTransform())
+        if certified:
+            with clock("ffn"):
+                found.ffn_perm, memos[i] = ffn_solve(moved, fa, layout.layers[i].ffn, r, memos.get(i), fs)
+        candidates = [found] + ([previous[i]] if previous is not None else [])
         distances = [_squared(apply_blocks(moved, layout, {i: c}), fa) for c in candidates]
         k = min(range(len(candidates)), key=distances.__getitem__)
         blocks[i] = candidates[k]
         squared += distances[k]
     return blocks, squared
+
+
+def parts(pair):
+    """(None, the tensors outside the layers), then (i, layer i's tensors), each as (source, anchor)."""
+    yield (None, *pair.outside)
+    for i in range(pair.layout.num_layers):
+        yield (i, *pair.layer(i))
+
+
+def paper_lower_bound(parts, layout: ModelLayout) -> float:
+    """A lower bound on |B fs - fa| over every block transform B (R = I) from norms alone: the tensors no block moves
+    exactly, each FFN by |x - y| >= ||x| - |y|| per neuron with the neurons' norms paired in sorted order (the
+    least sum over permutations, by the rearrangement inequality), attention maps by 0. parts: (layer or None,
+    source tensors, anchor tensors)."""
+    squared = 0.0
+    for i, fs, fa in parts:
+        moved = set() if i is None else set(layout.layer_keys(i))
+        squared += _squared(fs, {k: v for k, v in fa.items() if k not in moved})
+        if i is not None:
+            norms = [_neuron_norms(state, layout.layers[i].ffn) for state in (fs, fa)]
+            squared += float(((norms[0].sort().values - norms[1].sort().values) ** 2).sum())
+    return math.sqrt(squared)
+
+
+def _neuron_norms(state: Mapping, ffn) -> torch.Tensor:
+    """Each FFN neuron's norm over its input row (and bias), gate row (and bias) and output column, (ffn,) float64."""
+    squared = state[ffn.output.weight].double().pow(2).sum(0)
+    for proj in (ffn.input, ffn.gate) if ffn.gate else (ffn.input,):
+        squared = squared + state[proj.weight].double().pow(2).sum(1)
+        if proj.bias:
+            squared = squared + state[proj.bias].double().pow(2)
+    return squared.sqrt()
 
 
 def distance_of(pair, r: torch.Tensor, blocks: Mapping[int, LayerTransform]) -> float:
@@ -181,26 +257,14 @@ def _fixed_parts(pair, blocks: Mapping[int, LayerTransform]) -> _Fixed:
 
 
 def _continuous_solve(fixed: _Fixed, pair, r: torch.Tensor, current: dict[int, LayerTransform], config: MatchConfig,
-                      clock: StageClock) -> tuple[dict[int, LayerTransform], float, torch.Tensor, torch.Tensor]:
-    """At R: each layer's rotations and scales re-solved (kept where closer than `current`); (them, D^2, M, G)."""
+                      clock: StageClock, sweeps: int = 1) -> tuple[dict[int, LayerTransform], float, torch.Tensor, torch.Tensor]:
+    """At R: the rotations and scales re-solved (kept where closer than `current`); (them, D^2, M, G)."""
     layout, stream = pair.layout, pair.stream
     moved = rotate_stream(fixed.attention_source, stream, r)
-    indices = list(range(layout.num_layers))
     if config.attention == "rotation" and not config.joint:
-        found = warm_attention(moved, fixed.attention_anchor, layout, current, config.rescale, clock)
+        chosen, squared = warm_attention(moved, fixed.attention_anchor, layout, current, config.rescale, clock, sweeps)
     else:
-        found = match_attention_layers(moved, fixed.attention_anchor, layout, indices,
-                                       dataclasses.replace(config, heads=False), clock)
-    chosen, squared = {}, 0.0
-    for i in indices:
-        att = layout.layers[i].attention
-        keys = att.qk_keys() + att.vo_keys()
-        part, target = {k: moved[k] for k in keys}, {k: fixed.attention_anchor[k] for k in keys}
-        candidates = [found[i]] + ([current[i]] if i in current else [])
-        distances = [_squared(apply_blocks(part, layout, {i: c}), target) for c in candidates]
-        k = min(range(len(candidates)), key=distances.__getitem__)
-        chosen[i] = candidates[k]
-        squared += distances[k]
+        chosen, squared = _attention_solve(moved, fixed.attention_anchor, layout, current, config, clock)
     with clock("residual"):
         m, g = residual_cross(apply_blocks(fixed.attention_source, layout, chosen), fixed.attention_anchor, stream)
         quad_s, quad_a = fixed.quadratic
@@ -212,37 +276,67 @@ def _continuous_solve(fixed: _Fixed, pair, r: torch.Tensor, current: dict[int, L
     return chosen, squared, m, g
 
 
+def _attention_solve(moved: Mapping, anchor: Mapping, layout: ModelLayout, current: Mapping[int, LayerTransform],
+                     config: MatchConfig, clock: StageClock) -> tuple[dict[int, LayerTransform], float]:
+    """The configured attention solve of every layer at R, each layer kept where closer than `current`."""
+    indices = list(range(layout.num_layers))
+    found = match_attention_layers(moved, anchor, layout, indices, dataclasses.replace(config, heads=False), clock)
+    chosen, squared = {}, 0.0
+    for i in indices:
+        att = layout.layers[i].attention
+        keys = att.qk_keys() + att.vo_keys()
+        part, target = {k: moved[k] for k in keys}, {k: anchor[k] for k in keys}
+        candidates = [found[i]] + ([current[i]] if i in current else [])
+        distances = [_squared(apply_blocks(part, layout, {i: c}), target) for c in candidates]
+        k = min(range(len(candidates)), key=distances.__getitem__)
+        chosen[i], squared = candidates[k], squared + distances[k]
+    return chosen, squared
+
+
 def warm_attention(source: Mapping, anchor: Mapping, layout: ModelLayout, current: Mapping[int, LayerTransform],
-                   rescale: bool, clock: StageClock) -> dict[int, LayerTransform]:
-    """One exact step per side and head from the current scales a (heads already permuted): the rotation
-    argmax <R, a C_up + C_down / a>, then the scale for that rotation (eq. 12) - block coordinate descent, so the
-    inner loop converges to a joint optimum of rotations and scales (the first step from a = 1 is the paper's)."""
+                   rescale: bool, clock: StageClock, sweeps: int = 1) -> tuple[dict[int, LayerTransform], float]:
+    """One exact step per side and KV head from its current scale a (heads already permuted): the rotation
+    argmax <R, a C_up + C_down / a>, then the scale for that rotation (eq. 12), each head keeping the closer of
+    this and its current (rotation, scale) - block coordinate descent, so the inner loop converges to a joint
+    optimum of rotations and scales (the first step from a = 1 is the paper's). Returns them and their squared
+    distance f = A a^2 - 2 a <R, C_up> + D / a^2 - 2 <R, C_down> / a + const (matching/joint.py) summed."""
     heads, atts = layout.num_heads, [layer.attention for layer in layout.layers]
-    kv = heads // atts[0].group
-    found = {i: LayerTransform() for i in range(len(atts))}
+    kv, n = heads // atts[0].group, len(atts)
+    found, squared = {i: LayerTransform() for i in range(n)}, 0.0
     sides = (("qk", qk_cross_parts, qk_norms, lambda c: qk_procrustes(c, atts[0])), ("vo", vo_cross_parts, vo_norms, procrustes))
     for side, cross_parts, norms, solver in sides:
         with clock(side):
             up, down = (torch.cat(c) for c in zip(*(cross_parts(source, anchor, att, heads) for att in atts)))
-            scale = torch.cat([_scale(current.get(i), f"a_{side}", kv) for i in range(len(atts))])[:, None, None]
-            r = solver(scale * up + down / scale)                                  # (layers * kv, d, d)
-            a = None
-            if rescale:
-                norm_up, norm_down = (torch.cat(n) for n in zip(*(norms(source, att, heads) for att in atts)))
-                a = best_scales(norm_up, frobenius_inner(r, up), norm_down, frobenius_inner(r, down))
-        for i, (r_i, a_i) in enumerate(zip(r.split(kv), a.split(kv) if a is not None else [None] * len(atts))):
+            norm_up, norm_down = (torch.cat(x) for x in zip(*(norms(source, att, heads) for att in atts)))
+            const = torch.cat([sum(norms(anchor, att, heads)) for att in atts])
+            a_now = torch.cat([_part(current.get(i), f"a_{side}", kv, None) for i in range(n)])
+            r_now = torch.cat([_part(current.get(i), f"r_{side}", kv, up.shape[-1]) for i in range(n)])
+            a_new = a_now
+            for _ in range(sweeps if rescale else 1):
+                r_new = solver(a_new[:, None, None] * up + down / a_new[:, None, None])  # (layers * kv, d, d)
+                a_new = best_scales(norm_up, frobenius_inner(r_new, up), norm_down, frobenius_inner(r_new, down)) \
+                    if rescale else torch.ones_like(a_now)
+            f_new = head_objective(r_new, a_new, norm_up, norm_down, up, down, const)
+            f_now = head_objective(r_now, a_now, norm_up, norm_down, up, down, const)
+            keep = f_now < f_new
+            r_new, a_new = torch.where(keep[:, None, None], r_now, r_new), torch.where(keep, a_now, a_new)
+            squared += float(torch.minimum(f_now, f_new).sum())
+        for i, (r_i, a_i) in enumerate(zip(r_new.split(kv), a_new.split(kv))):
             setattr(found[i], f"r_{side}", r_i.clone())
-            setattr(found[i], f"a_{side}", None if a_i is None else a_i.clone())
-    return found
+            setattr(found[i], f"a_{side}", a_i.clone() if rescale else None)
+    return found, squared
 
 
-def _scale(t: LayerTransform | None, name: str, kv: int) -> torch.Tensor:
+def _part(t: LayerTransform | None, name: str, kv: int, d: int | None) -> torch.Tensor:
+    """A layer's scales (kv,) or rotations (kv, d, d) in float64, ones or identities where it has none."""
     value = None if t is None else getattr(t, name)
-    return torch.ones(kv, dtype=torch.float64) if value is None else value.to(torch.float64)
+    if value is not None:
+        return value.to(torch.float64)
+    return torch.ones(kv, dtype=torch.float64) if d is None else torch.eye(d, dtype=torch.float64).expand(kv, d, d)
 
 
 def continuous(pair, group: str, r: torch.Tensor | None, blocks: Mapping[int, LayerTransform], config: MatchConfig,
-               clock: StageClock) -> tuple[torch.Tensor, dict[int, LayerTransform], float, dict]:
+               clock: StageClock, tol: float = TOL) -> tuple[torch.Tensor, dict[int, LayerTransform], float, dict]:
     """The inner loop from `blocks` (r: the map they were solved at, None when it was no group element):
     (R, blocks with their continuous parts at the fixed point, D, info)."""
     fixed = _fixed_parts(pair, blocks)
@@ -260,7 +354,7 @@ def continuous(pair, group: str, r: torch.Tensor | None, blocks: Mapping[int, La
             plain = solve_residual(m, group, g)
         step = (plain - r).abs().max().item()
         trace.append((step, math.sqrt(max(squared, 0.0))))
-        if step <= TOL:
+        if step <= tol:
             converged = True
             break
         steps += 1
@@ -301,22 +395,25 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             clock: StageClock) -> tuple[torch.Tensor, dict[int, LayerTransform], float, dict]:
     """The descent from the map r0 (in_group: whether r0 is a group element; a soft start is not):
     (R, blocks, folded distance, info)."""
-    config = config.blocks()
+    config, memos = config.blocks(), {}
     with clock("blocks"):
-        blocks, _ = block_pass(pair, r0, config, None, clock)
-    r, history, inner, converged, solves = (r0 if in_group else None), [], [], False, 1
+        blocks, _ = block_pass(pair, r0, config, None, clock, memos)
+    r, history, inner, converged, solves, tol = (r0 if in_group else None), [], [], False, 1, LOOSE
     for outer in range(MAX_OUTER):
-        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock)
+        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, tol)
         history.append(dist)
         inner.append(info)
         if outer == MAX_OUTER - 1:
             break
         with clock("blocks"):
-            found, _ = block_pass(pair, r, config, blocks, clock)
+            found, _ = block_pass(pair, r, config, blocks, clock, memos)
         solves += 1
         if discrete_parts(found) == discrete_parts(blocks):
-            converged = True
-            break
+            if tol == TOL:
+                converged = True
+                break
+            tol = TOL                    # the discrete parts hold at the loose point: now to the fixed point
+            continue
         blocks = found
     return r, blocks, history[-1], {"descent": history, "inner": inner, "converged": converged,
                                     "block_solves": solves}

@@ -30,7 +30,7 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching.compose import MatchConfig, MatchResult, StageClock, match_blocks
 from symfusion.matching.descent import (MAX_INNER, MAX_OUTER, TOL, StatePair, descend, distance_of,
-                                        fan_in_weights)
+                                        fan_in_weights, paper_lower_bound, parts)
 from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
@@ -102,40 +102,54 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     weights = fan_in_weights(fs, layout, stream) if config.weighting == "fan_in" else None
     pair = StatePair(fs, fa, layout, stream, weights)
 
-    # candidate 0: the block matching alone (for the paper's encoders, the paper's matching), no residual map
-    eye = torch.eye(stream.hidden, dtype=torch.float64)
-    paper = match_blocks(source, anchor, layout, dataclasses.replace(config.blocks(), heads=None), clock=clock)
-    candidates = [{"start": "paper", "folded_distance": distance_of(pair, eye, paper.transform.layers), "r": eye,
-                   "blocks": paper.transform}]
     with clock("residual"):
         first = starts(pair, group, config, source, anchor, stream, data)
+    runs = []
     for name, r0, in_group in first:
         r, blocks, dist, info = descend(pair, group, r0, in_group, config, clock)
-        candidates.append({"start": name, "folded_distance": dist, "r": r, "blocks": Transform(blocks), **info})
+        runs.append({"start": name, "folded_distance": dist, "r": r, "blocks": Transform(blocks), **info})
+    # the block matching alone (for the paper's encoders, the paper's), no residual map: a candidate unless a lower
+    # bound on its distance already exceeds the descent's (then it cannot be chosen, and is not solved)
+    eye, paper = torch.eye(stream.hidden, dtype=torch.float64), {}
+
+    def paper_blocks() -> Transform:
+        if "blocks" not in paper:
+            paper["blocks"] = match_blocks(source, anchor, layout, dataclasses.replace(config.blocks(), heads=None),
+                                           clock=clock).transform
+        return paper["blocks"]
+
+    bound = paper_lower_bound(parts(pair), layout)
+    candidates = runs
+    if choose(runs)["folded_distance"] >= bound * (1 - CHOICE_TOL):
+        paper["distance"] = distance_of(pair, eye, paper_blocks().layers)
+        candidates = [{"start": "paper", "folded_distance": paper["distance"], "r": eye, "blocks": paper_blocks()}] + runs
     best = choose(candidates)
     chosen = "paper" if best["start"] == "paper" else "descent"
     r, blocks = best["r"], best["blocks"]
-    paper_candidate = unfolded(fs, anchor, layout, stream, eye, paper.transform)
-    if chosen != "paper" and stored_distance(source, anchor, layout, paper_candidate) <= \
-            stored_distance(source, anchor, layout, unfolded(fs, anchor, layout, stream, r, blocks)):
-        r, blocks, chosen = eye, paper.transform, "paper, closer as stored"
+    transform = unfolded(fs, anchor, layout, stream, r, blocks)
+    if chosen != "paper":          # as stored, the same: the paper's candidate only where its bound allows
+        stored = stored_distance(source, anchor, layout, transform)
+        as_stored = StatePair(layout.canonical(source), layout.canonical(anchor), layout, stream)
+        if stored >= paper_lower_bound(parts(as_stored), layout):
+            paper_transform = unfolded(fs, anchor, layout, stream, eye, paper_blocks())
+            if stored >= stored_distance(source, anchor, layout, paper_transform):
+                r, blocks, chosen, transform = eye, paper_blocks(), "paper, closer as stored", paper_transform
     info = {"group": group, "residual_solve": config.residual_solve, "weighting": config.weighting,
-            "folded_distance_blocks_only": candidates[0]["folded_distance"], "folded_distance": best["folded_distance"],
-            "chosen": chosen, "start": best["start"], "folds": len(stream.folds), "tied_final_norm": stream.tied_final,
-            **summary(candidates, best)}
+            "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
+            "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
+            "folds": len(stream.folds), "tied_final_norm": stream.tied_final, **summary(runs, best)}
     if config.refine == "loss":
         with clock("refine"):
             r, blocks, info["refine"] = refine_by_loss(fs, fa, layout, stream, r, blocks, data.model, data.batches,
                                                        config.refine_steps)
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-    transform = unfolded(fs, anchor, layout, stream, r, blocks)
+        transform = unfolded(fs, anchor, layout, stream, r, blocks)
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)
 
 
-def summary(candidates: list[dict], best: dict) -> dict:
+def summary(runs: list[dict], best: dict) -> dict:
     """What match.json records of the descent: the chosen run's history and stop, every start, their spread."""
-    runs = [c for c in candidates if c["start"] != "paper"]
     distances = [c["folded_distance"] for c in runs]
     return {"descent": best.get("descent", []), "converged": best.get("converged", True),
             "stop": {"tol": TOL, "max_inner": MAX_INNER, "max_outer": MAX_OUTER, "soft": SOFT},
