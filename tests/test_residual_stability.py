@@ -7,7 +7,8 @@ import transformers as tf
 
 from symfusion.arch import layout_of
 from symfusion.matching import match_models
-from symfusion.matching.descent import StatePair, discrete_parts
+from symfusion.matching.descent import discrete_parts
+from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import residual_group
 from symfusion.matching.starts import regularised_polar, untouched_cross
 from symfusion.stream import centred_basis, fold_norms, stream_layout
