@@ -24,7 +24,8 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
-from symfusion.matching.descent import descend, distance_of, fan_in_weights, paper_lower_bound, parts, weighted
+from symfusion.matching.descent import descend
+from symfusion.matching.pairs import distance_of, fan_in_weights, paper_lower_bound, parts, weighted
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import first_map, untouched_cross
 from symfusion.matching.whole import CHOICE_TOL, choose, summary
@@ -39,7 +40,7 @@ class _Pair:
 
     def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout,
                  weighting: str = "none"):
-        self.src, self.anc, self.layout, self.stream = src, anc, layout, stream
+        self.src, self.anc, self.layout, self.stream, self.cache = src, anc, layout, stream, {}
         in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
         self.outside_keys = [k for k in src.weight_map if k not in in_layers and k in anc.weight_map]
         self.weights = None

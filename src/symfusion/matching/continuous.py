@@ -59,7 +59,9 @@ def _fixed_parts(pair, blocks: Mapping[int, LayerTransform], cache: dict) -> _Fi
     for i in [None] + list(range(layout.num_layers)):
         key = None if i is None else tuple(None if x is None else tuple(x.tolist())
                                            for x in (blocks[i].head_perm, blocks[i].ffn_perm))
-        if i not in cache or cache[i][0] != key:
+        if i is None:
+            cache[i] = (key, outside_part(pair))
+        elif i not in cache or cache[i][0] != key:
             cache[i] = (key, _fixed_part(pair, i, blocks.get(i)))
         part = cache[i][1]
         fixed.attention_source.update(part.attention_source)
@@ -68,6 +70,13 @@ def _fixed_parts(pair, blocks: Mapping[int, LayerTransform], cache: dict) -> _Fi
         fixed.quadratic[1].update(part.quadratic[1])
         fixed.m, fixed.g, fixed.constant = fixed.m + part.m, fixed.g + part.g, fixed.constant + part.constant
     return fixed
+
+
+def outside_part(pair) -> _Fixed:
+    """The share of _Fixed of the tensors outside the layers, formed once per pair (pair.cache)."""
+    if "outside" not in pair.cache:
+        pair.cache["outside"] = _fixed_part(pair, None, None)
+    return pair.cache["outside"]
 
 
 def _fixed_part(pair, i: int | None, t: LayerTransform | None) -> _Fixed:

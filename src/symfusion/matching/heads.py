@@ -125,13 +125,23 @@ def assignment_value(c: PairCrosses, perm: torch.Tensor, values) -> float:
                for a in range(perm.shape[0] // g))
 
 
+def rotation_values(att: AttentionLayout):
+    """The (Q/K value, V/O value) functions of rotation matching: max <R, M> over each side's group."""
+    return _values(att, "rotation")
+
+
+def head_scores(c: PairCrosses, values) -> torch.Tensor:
+    """Multi-head attention: the objective of every (source head, anchor head) pair, (H_source, H_anchor)."""
+    qk_value, vo_value = values
+    return qk_value(c.query[:, :, 0, 0] + c.key) + vo_value(c.value + c.output[:, :, 0, 0])
+
+
 def assign_heads(c: PairCrosses, values) -> torch.Tensor:
     """The head permutation maximising the objective given by `values` (exact for MHA; see the module docstring)."""
     qk_value, vo_value = values
     kv, group = c.key.shape[0], c.group
     if group == 1:
-        scores = qk_value(c.query[:, :, 0, 0] + c.key) + vo_value(c.value + c.output[:, :, 0, 0])   # (H_s, H_a)
-        return max_assignment(scores.T.contiguous().numpy())
+        return max_assignment(head_scores(c, values).T.contiguous().numpy())
     upper = qk_value(c.query) + vo_value(c.output)                                  # (kv_s, kv_a, g_s, g_a)
     scores = torch.empty(kv, kv, dtype=torch.float64)
     orders = {}

@@ -32,7 +32,7 @@ class StatePair:
 
     def __init__(self, fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor], layout: ModelLayout,
                  stream: StreamLayout, weights: Mapping[str, float] | None = None):
-        self.layout, self.stream = layout, stream
+        self.layout, self.stream, self.cache = layout, stream, {}
         fs, fa = weighted(fs, weights), weighted(fa, weights)
         prefixes = [layer_prefix(layout, i) for i in range(layout.num_layers)]
         self._layers = [({k: v for k, v in fs.items() if k.startswith(p)}, {k: v for k, v in fa.items() if k.startswith(p)})

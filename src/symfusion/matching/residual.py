@@ -34,7 +34,7 @@ import torch
 from symfusion.errors import SymfusionError
 from symfusion.matching.permutation import max_assignment
 from symfusion.matching.rescale import best_scales
-from symfusion.matching.rotation import polar_factor
+from symfusion.matching.rotation import polar_factor_svd
 from symfusion.stream import NormFold, StreamLayout, centred_basis, centred_map
 
 GROUPS = ("permutation", "signed_permutation", "orthogonal", "orthogonal_centred")
@@ -86,11 +86,11 @@ def solve_residual(m: torch.Tensor, group: str, g: torch.Tensor | None = None) -
     d = m.shape[0]
     g = torch.zeros_like(m) if g is None else g
     if group == "orthogonal":
-        return polar_factor(m[None])[0]
+        return polar_factor_svd(m[None])[0]
     if group == "orthogonal_centred":
         basis = centred_basis(d)
         ones = torch.full((d,), d ** -0.5, dtype=torch.float64)
-        q = polar_factor((basis.T @ m @ basis)[None])[0]
+        q = polar_factor_svd((basis.T @ m @ basis)[None])[0]
         return centred_map(q, 1.0 if ones @ m @ ones >= 0 else -1.0)
     if group in ("permutation", "signed_permutation"):
         signed = group == "signed_permutation"

@@ -10,17 +10,22 @@ and float32 rounding of the weights (1e-7) chooses it there: three such rounding
 optima whose simple merges differ by up to 1.9 points. So the orthogonal start is the regularised polar factor
     R0 = M (M^T M + eps^2 I)^(-1/2) = U diag(s / sqrt(s^2 + eps^2)) V^T,   eps = SOFT * s_max
 (on the complement of 1 for LayerNorm), continuous in M: it damps what M does not determine instead of
-guessing it. R0 is no group element; the descent's first block solves run at R0 and its first exact residual
-solve completes it (descent.py). Permutation groups take the linear assignment on M (exact ties aside, a
+guessing it. R0 is no group element: the attention blocks (heads, rotations, scales) are solved at R0, and the
+first group element maximises <R, M> with the attention maps so matched added to M (completed_start); the
+descent (descent.py) starts from it. Permutation groups take the linear assignment on M (exact ties aside, a
 permutation start is locally constant in M).
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch.func import functional_call
 
+from symfusion.matching.continuous import outside_part
 from symfusion.matching.residual import activation_cross, residual_cross, solve_residual
 from symfusion.stream import StreamLayout, centred_basis, centred_map
+from symfusion.symmetry import LayerTransform, apply_blocks
 
 SOFT = 1e-2     # eps / s_max of the regularised polar factor
 
@@ -28,8 +33,9 @@ SOFT = 1e-2     # eps / s_max of the regularised polar factor
 def untouched_cross(pair) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, G) of the tensors no block solve moves: those outside the layers, each layer's norms and writer biases."""
     layout, stream = pair.layout, pair.stream
-    eye = torch.eye(stream.hidden, dtype=torch.float64)
-    m, g = residual_cross(*pair.outside, stream, current=eye)
+    outside = outside_part(pair)
+    m, g = residual_cross(*outside.quadratic, stream, current=torch.eye(stream.hidden, dtype=torch.float64))
+    m, g = m + outside.m, g + outside.g
     for i in range(layout.num_layers):
         att, ffn = layout.layers[i].attention, layout.layers[i].ffn
         blocks = set(layout.layer_keys(i)) - {p.bias for p in (att.output, ffn.output) if p.bias}
@@ -49,6 +55,22 @@ def regularised_polar(m: torch.Tensor, group: str, soft: float = SOFT) -> torch.
     u, s, vh = torch.linalg.svd(m.to(torch.float64))
     eps = soft * s[0] if s[0] > 0 else 1.0
     return (u * (s / torch.sqrt(s ** 2 + eps ** 2))) @ vh
+
+
+def completed_start(pair, group: str, attention: Mapping[int, LayerTransform]) -> torch.Tensor:
+    """The first group element: argmax <R, M_u + M_att> + <|R|, G_u>, M_att the cross product of every layer's
+    attention maps with `attention` (heads, rotations, scales solved at the regularised start) applied; the FFN
+    maps, whose permutations such a start cannot yet tell, wait for the first block solves at it."""
+    layout, stream = pair.layout, pair.stream
+    m, g = untouched_cross(pair)
+    for i in range(layout.num_layers):
+        att = layout.layers[i].attention
+        keys = att.qk_keys() + att.vo_keys()
+        fs, fa = pair.layer(i)
+        moved = apply_blocks({k: fs[k] for k in keys}, layout, {i: attention[i]})
+        layer_m, _ = residual_cross(moved, {k: fa[k] for k in keys}, stream)
+        m = m + layer_m
+    return solve_residual(m, group, g)
 
 
 def first_map(m: torch.Tensor, g: torch.Tensor, group: str) -> tuple[torch.Tensor, bool]:
