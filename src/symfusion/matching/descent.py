@@ -182,9 +182,11 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             r0, in_group = completed_start(pair, group, attention), True
     with clock("blocks"):
         blocks = block_pass(pair, r0, config, None, clock, memos)
-    r, history, inner, converged, solves, tol = (r0 if in_group else None), [], [], False, 1, LOOSE
+    r, history, inner, converged, solves, tol = r0, [], [], False, 1, LOOSE
+    resume = None
     for outer in range(MAX_OUTER):
-        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, tol, cache)
+        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, tol, cache, resume)
+        resume = None
         history.append(dist)
         inner.append(info)
         if outer == MAX_OUTER - 1:
@@ -196,7 +198,7 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             if tol == TOL:
                 converged = True
                 break
-            tol = TOL                    # the discrete parts hold at the loose point: now to the fixed point
+            tol, resume = TOL, info["resume"]       # the discrete parts hold at the loose point: to the fixed point
             continue
         blocks = found
     return r, blocks, history[-1], {"descent": history, "inner": inner, "converged": converged,
