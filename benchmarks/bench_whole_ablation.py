@@ -7,7 +7,7 @@ line), averaged over the pairs, with 95% paired bootstrap intervals (pipeline/un
 resamples of the test examples for both variants; a barrier is recomputed on every resample). Variants:
     none, rotation           no matching; the paper's matching
     full_symmetry            the default (matching/whole.py)
-    fan_in                   matching.weighting=fan_in (each map / sqrt(fan-in), as Generalized LMC)
+    fan_in                   each map / sqrt(its fan-in) in the objective, as Generalized LMC weighs its blocks
     no_rescale               matching.rescale=false
     circuits                 heads assigned on QK/OV circuit inner products <W_Q^T W_K, ..> + <W_O W_V, ..>
     identity_start           the descent started from R = I (the paper's matching's basis)
@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -38,6 +39,8 @@ import symfusion.matching.starts as starts_module
 import symfusion.matching.whole as whole
 from symfusion.arch import layout_of
 from symfusion.config import load_group
+from symfusion.errors import SymfusionError
+from symfusion.families import FAMILIES
 from symfusion.interpolation import loss_path
 from symfusion.matching import match_models, matching_config
 from symfusion.matching.heads import match_heads, pair_crosses
@@ -95,16 +98,37 @@ def extra_starts(kinds: tuple):
     return starts
 
 
+def fan_in_pair(layout):
+    """StatePair with every map (a tensor of 2+ dims that is no embedding table) times 1 / sqrt(its fan-in) in
+    both models, as Generalized LMC weighs its weight blocks (a scalar per tensor commutes with every symmetry)."""
+    original, spec = pairs_module.StatePair.__init__, FAMILIES[layout.family]
+    prefixes = [pairs_module.layer_prefix(layout, i) for i in range(layout.num_layers)]
+
+    def table(key: str) -> bool:
+        if any(key.startswith(p) for p in prefixes):
+            return False
+        try:
+            return spec.stream_position_of(key) in ("embeddings", "class_token", "positions")
+        except SymfusionError:               # keys the family places nowhere (task heads) are maps
+            return False
+
+    def init(self, fs, fa, layout, stream):
+        weighed = [{k: v * math.prod(v.shape[1:]) ** -0.5 if v.is_floating_point() and v.dim() > 1 and not table(k)
+                    else v for k, v in state.items()} for state in (fs, fa)]
+        original(self, *weighed, layout, stream)
+    return init
+
+
 def embedding_rows(scale: torch.Tensor):
     """StatePair with the embedding table (and a tied lm_head) rows multiplied by `scale` in both models."""
     original = pairs_module.StatePair.__init__
 
-    def init(self, fs, fa, layout, stream, weights=None):
+    def init(self, fs, fa, layout, stream):
         fs, fa = dict(fs), dict(fa)
         for state in (fs, fa):
             for key in [k for k in state if k.endswith("embed_tokens.weight") or k == "lm_head.weight"]:
                 state[key] = state[key] * scale.to(state[key].dtype)[: state[key].shape[0], None]
-        original(self, fs, fa, layout, stream, weights)
+        original(self, fs, fa, layout, stream)
     return init
 
 
@@ -122,7 +146,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir):
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
     config, patches = FULL, []
     if variant == "fan_in":
-        config = dataclasses.replace(FULL, weighting="fan_in")
+        patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
     elif variant == "no_rescale":
         config = dataclasses.replace(FULL, rescale=False)
     elif variant == "circuits":

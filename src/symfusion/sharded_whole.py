@@ -25,7 +25,7 @@ from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
 from symfusion.matching.descent import descend
-from symfusion.matching.pairs import distance_of, fan_in_weights, paper_lower_bound, parts, weighted
+from symfusion.matching.pairs import distance_of, paper_lower_bound, parts
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import first_map, untouched_cross
 from symfusion.matching.whole import CHOICE_TOL, choose, summary
@@ -38,19 +38,11 @@ from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blo
 class _Pair:
     """Source and anchor folders read as canonical, folded float32 states: per layer, and the tensors outside them."""
 
-    def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout,
-                 weighting: str = "none"):
+    def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout):
         self.src, self.anc, self.layout, self.stream, self.cache = src, anc, layout, stream, {}
         in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
         self.outside_keys = [k for k in src.weight_map if k not in in_layers and k in anc.weight_map]
-        self.weights = None
         self.outside = self._read(self.outside_keys)
-        if weighting == "fan_in":
-            shapes = {k: t for k, t in self.outside[0].items()}
-            for i in range(layout.num_layers):
-                shapes.update(self.layer(i)[0])
-            self.weights = fan_in_weights(shapes, layout, stream)
-            self.outside = tuple(weighted(state, self.weights) for state in self.outside)
 
     def layer_keys(self, i: int) -> list[str]:
         prefix = _layer_prefix(self.layout, i)
@@ -62,7 +54,7 @@ class _Pair:
         for folder in (self.src, self.anc):
             canonical = self.layout.canonical(folder.read(keys, torch.float32))
             folds = tuple(f for f in self.stream.folds if f.gain in canonical)
-            states.append(weighted(fold_norms(canonical, folds), self.weights))
+            states.append(fold_norms(canonical, folds))
         return states[0], states[1]
 
     def layer(self, i: int) -> tuple[dict, dict]:
@@ -107,7 +99,7 @@ def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) ->
         stored = _stored_distance(pair, r, blocks)
         if stored >= paper_lower_bound(_raw_parts(pair), pair.layout) and stored >= _stored_distance(pair, eye, paper_blocks()):
             r, blocks, chosen = eye, paper_blocks(), "paper, closer as stored"
-    return r, blocks, {"group": group, "residual_solve": "weights", "weighting": config.weighting,
+    return r, blocks, {"group": group, "residual_solve": "weights",
                        "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
                        "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
                        "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final,
@@ -134,7 +126,7 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     stream = stream_layout(layout, src_meta, tied=bool(getattr(src.config, "tie_word_embeddings", False)))
     group = residual_group(stream, config.residual, layout.family)
     clock, start = StageClock(), time.perf_counter()
-    pair = _Pair(src, anc, layout, stream, config.weighting)
+    pair = _Pair(src, anc, layout, stream)
     r, blocks, info = _descent(pair, config, group, clock)
     target = Path(tmp or output)
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)

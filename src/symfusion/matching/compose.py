@@ -42,7 +42,6 @@ FFN_CHOICES = ("none", "permutation", "ot")
 RESIDUAL_CHOICES = ("none", "permutation", "orthogonal", "auto")
 RESIDUAL_SOLVES = ("weights", "activations")
 REFINE_CHOICES = ("none", "loss")
-WEIGHTING_CHOICES = ("none", "fan_in")
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,6 @@ class MatchConfig:
     residual_solve: str = "weights"
     refine: str = "none"
     refine_steps: int = 200
-    weighting: str = "none"
 
     def __post_init__(self):
         if self.attention not in ATTENTION_CHOICES:
@@ -91,8 +89,6 @@ class MatchConfig:
         if (self.residual_solve != "weights" or self.refine != "none") and self.residual == "none":
             raise SymfusionError("matching.residual_solve and matching.refine act on the residual map: set "
                                  "matching.residual=permutation, orthogonal or auto")
-        if self.weighting not in WEIGHTING_CHOICES:
-            raise SymfusionError(f"matching.weighting={self.weighting!r}; choose one of {WEIGHTING_CHOICES}")
         if self.refine_steps < 1:
             raise SymfusionError(f"matching.refine_steps={self.refine_steps} must be >= 1")
 
@@ -120,8 +116,7 @@ class MatchConfig:
                    ffn=str(matching.get("ffn", "permutation")), joint=bool(matching.get("joint", False)),
                    heads=None if heads is None else bool(heads), residual=str(matching.get("residual", "none")),
                    residual_solve=str(matching.get("residual_solve", "weights")),
-                   refine=str(matching.get("refine", "none")), refine_steps=int(matching.get("refine_steps", 200)),
-                   weighting=str(matching.get("weighting", "none")))
+                   refine=str(matching.get("refine", "none")), refine_steps=int(matching.get("refine_steps", 200)))
 
 
 def matching_config(name: str) -> MatchConfig:

@@ -1,10 +1,9 @@
-"""The pair of models whole-group matching reads: folded canonical tensors by part, their weights, distances, bounds.
+"""The pair of models whole-group matching reads: folded canonical tensors by part, distances, a lower bound.
 
 A pair (StatePair here; sharded_whole's streamed folders) gives the source's and the anchor's folded canonical
-tensors by part: `outside` (the tensors outside the layers) and `layer(i)`. Matching may weigh each tensor by a
-scalar (matching.weighting=fan_in: 1 / sqrt(fan-in), as Generalized LMC weighs its weight blocks): a symmetry
-commutes with a scalar per tensor, so the weighted pair has the same symmetries and the found transform applies
-to the models as they are. D(R, B) = |B R fs - fa| is measured over the pair.
+tensors by part: `outside` (the tensors outside the layers) and `layer(i)`; D(R, B) = |B R fs - fa| is measured
+over the pair. (Weighing each map by 1 / sqrt(fan-in), as Generalized LMC does, was measured and not kept:
+benchmarks/bench_whole_ablation.py.)
 """
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout
-from symfusion.errors import SymfusionError
-from symfusion.families import FAMILIES
 from symfusion.measures import squared_difference
 from symfusion.stream import StreamLayout, rotate_stream
 from symfusion.symmetry import LayerTransform, apply_blocks
@@ -31,9 +28,8 @@ class StatePair:
     """Folded canonical source and anchor states split into the tensors of each layer and those outside them."""
 
     def __init__(self, fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor], layout: ModelLayout,
-                 stream: StreamLayout, weights: Mapping[str, float] | None = None):
+                 stream: StreamLayout):
         self.layout, self.stream, self.cache = layout, stream, {}
-        fs, fa = weighted(fs, weights), weighted(fa, weights)
         prefixes = [layer_prefix(layout, i) for i in range(layout.num_layers)]
         self._layers = [({k: v for k, v in fs.items() if k.startswith(p)}, {k: v for k, v in fa.items() if k.startswith(p)})
                         for p in prefixes]
@@ -43,37 +39,6 @@ class StatePair:
     def layer(self, i: int) -> tuple[dict, dict]:
         return self._layers[i]
 
-
-def weighted(state: Mapping[str, torch.Tensor], weights: Mapping[str, float] | None) -> dict:
-    """Each tensor times its weight (a symmetry commutes with a scalar per tensor: the weighted distance)."""
-    if not weights:
-        return dict(state)
-    return {k: v * weights[k] if k in weights else v for k, v in state.items()}
-
-
-def fan_in_weights(state: Mapping[str, torch.Tensor], layout: ModelLayout, stream: StreamLayout) -> dict[str, float]:
-    """1 / sqrt(fan-in) for every map (canonical (out, in, ...): the product of its input dims), as Generalized LMC
-    weighs its weight blocks; vectors and tables (embeddings, positions, class token) keep 1."""
-    spec = FAMILIES[layout.family]
-    weights = {}
-    for key, tensor in state.items():
-        if not tensor.is_floating_point() or tensor.dim() < 2 or _is_table(spec, key, layout):
-            continue
-        weights[key] = math.prod(tensor.shape[1:]) ** -0.5
-    return weights
-
-
-def _is_table(spec, key: str, layout: ModelLayout) -> bool:
-    in_layers = any(key.startswith(layer_prefix(layout, i)) for i in range(layout.num_layers))
-    if in_layers:
-        return False
-    try:
-        return spec.stream_position_of(key) in ("embeddings", "class_token", "positions")
-    except SymfusionError:      # keys the family places nowhere (task heads) are maps
-        return False
-
-
-# ---------------------------------------------------------------- the outer step: block solves
 
 def parts(pair):
     """(None, the tensors outside the layers), then (i, layer i's tensors), each as (source, anchor)."""

@@ -5,7 +5,7 @@ output rows of every map writing it), while each block's symmetries (heads, Q/K 
 FFN permutation) act on that block's head and neuron axes only; the two commute. With both models in the
 folded gauge (stream.py: every pre-norm's gain folded into its readers), the squared distance is
     D(R, B) = | B R fold(source) - fold(anchor) |^2
-(each tensor weighed by 1 / sqrt(its fan-in) with matching.weighting=fan_in), and matching/descent.py
+and matching/descent.py
 alternates the block solves of matching/compose.py with the exact residual solve of matching/residual.py to a
 fixed point, from the first map of matching/starts.py (the regularised polar factor of the untouched tensors'
 cross product, or of the activations after the embeddings). D never rises along the descent. The paper's own
@@ -31,7 +31,7 @@ from symfusion.errors import SymfusionError
 from symfusion.matching.compose import MatchConfig, MatchResult, StageClock, match_blocks
 from symfusion.matching.continuous import MAX_INNER, TOL
 from symfusion.matching.descent import LOOSE, MAX_OUTER, descend
-from symfusion.matching.pairs import StatePair, distance_of, fan_in_weights, paper_lower_bound, parts
+from symfusion.matching.pairs import StatePair, distance_of, paper_lower_bound, parts
 from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
@@ -100,8 +100,7 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     fs = fold_norms(layout.canonical(source), stream.folds)
     fa = fold_norms(layout.canonical(anchor), stream.folds)
     fa.pop(stream.tied_copy, None)                       # the embeddings count once in every distance and product
-    weights = fan_in_weights(fs, layout, stream) if config.weighting == "fan_in" else None
-    pair = StatePair(fs, fa, layout, stream, weights)
+    pair = StatePair(fs, fa, layout, stream)
 
     with clock("residual"):
         first = starts(pair, group, config, source, anchor, stream, data)
@@ -135,7 +134,7 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
             paper_transform = unfolded(fs, anchor, layout, stream, eye, paper_blocks())
             if stored >= stored_distance(source, anchor, layout, paper_transform):
                 r, blocks, chosen, transform = eye, paper_blocks(), "paper, closer as stored", paper_transform
-    info = {"group": group, "residual_solve": config.residual_solve, "weighting": config.weighting,
+    info = {"group": group, "residual_solve": config.residual_solve,
             "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
             "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final, **summary(runs, best)}
