@@ -9,6 +9,9 @@ import torch
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, MatchData, match_models
+from symfusion.matching.compose import StageClock
+from symfusion.matching.descent import block_pass
+from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import gauge_gains
 from symfusion.measures import distance
 from symfusion.matching.whole import folded_distance
@@ -212,3 +215,30 @@ def test_align_of_two_modules_matches_the_whole_group_and_keeps_the_function():
     assert matched.lm_head.weight is matched.model.embed_tokens.weight
     with pytest.raises(SymfusionError, match="give data"):
         symfusion.align(source, anchor, matching="full_symmetry_learned")
+
+
+def test_a_block_solve_keeps_the_closer_attention_and_the_optimal_ffn_permutation():
+    """descent.block_pass against earlier transforms with other head and FFN permutations (grouped-query heads):
+    each layer takes the FFN permutation of its solve (the optimum at R) and the closer of the two attention parts."""
+    anchor, source = (build("dec", "llama", {"num_key_value_heads": 2}, seed=s).state_dict() for s in (1, 2))
+    layout = layout_of(build("dec", "llama", {"num_key_value_heads": 2}).config, anchor)
+    stream = stream_layout(layout, source)
+    pair = StatePair(fold_norms(layout.canonical(source), stream.folds), fold_norms(layout.canonical(anchor), stream.folds),
+                     layout, stream)
+    eye, config = torch.eye(stream.hidden, dtype=torch.float64), FULL.blocks()
+    solved = block_pass(pair, eye, config, None, StageClock())
+    swapped = torch.arange(layout.num_heads).roll(layout.num_heads // layout.kv_heads)      # the KV groups swapped
+    earlier = {i: dataclasses.replace(t, head_perm=swapped, ffn_perm=t.ffn_perm.flip(0)) for i, t in solved.items()}
+    chosen = block_pass(pair, eye, config, earlier, StageClock())
+
+    def attention_distance(i, t):
+        att = layout.layers[i].attention
+        fs, fa = pair.layer(i)
+        keys = att.qk_keys() + att.vo_keys()
+        moved = apply_blocks({k: fs[k] for k in keys}, layout, {i: dataclasses.replace(t, ffn_perm=None)})
+        return sum(((moved[k] - fa[k]) ** 2).sum().item() for k in keys)
+
+    for i in range(layout.num_layers):
+        assert torch.equal(chosen[i].ffn_perm, solved[i].ffn_perm)
+        distances = [attention_distance(i, t) for t in (solved[i], earlier[i])]
+        assert attention_distance(i, chosen[i]) == pytest.approx(min(distances), rel=1e-12)

@@ -151,7 +151,8 @@ def block_pass(pair, r: torch.Tensor, config: MatchConfig, previous: Mapping[int
         if before is not None and found is not before and not _same(found.head_perm, before.head_perm):
             keys = att.qk_keys() + att.vo_keys()
             part, target = {k: moved[k] for k in keys}, {k: fa[k] for k in keys}
-            new, old = (squared_distance(apply_blocks(part, layout, {i: t}), target) for t in (found, before))
+            new, old = (squared_distance(apply_blocks(part, layout, {i: dataclasses.replace(t, ffn_perm=None)}), target)
+                        for t in (found, before))
             found = found if new < old else before
         elif before is not None:
             found = before
