@@ -181,17 +181,12 @@ def _part(t: LayerTransform | None, name: str, kv: int, d: int | None) -> torch.
 
 
 def continuous(pair, group: str, r: torch.Tensor, blocks: Mapping[int, LayerTransform], config: MatchConfig,
-               clock: StageClock, tol: float = TOL, cache: dict | None = None,
-               resume: tuple | None = None) -> tuple[torch.Tensor, dict[int, LayerTransform], float, dict]:
+               clock: StageClock, tol: float = TOL, cache: dict | None = None) -> tuple[torch.Tensor, dict[int, LayerTransform], float, dict]:
     """The inner loop from `blocks` solved at the group element r:
-    (R, blocks with their continuous parts at the fixed point, D, info); info["resume"] lets a tighter loop
-    from the returned (R, blocks) start where this one stopped."""
+    (R, blocks with their continuous parts at the fixed point, D, info)."""
     fixed = _fixed_parts(pair, blocks, {} if cache is None else cache)
     continuous_parts = {i: dataclasses.replace(t, head_perm=None, ffn_perm=None) for i, t in blocks.items()}
-    if resume is not None:
-        current, squared, m, g = resume
-    else:
-        current, squared, m, g = _continuous_solve(fixed, pair, r, continuous_parts, config, clock)
+    current, squared, m, g = _continuous_solve(fixed, pair, r, continuous_parts, config, clock)
     accelerated, steps, converged, trace = 0, 0, False, []
     xs, fs_ = [], []
     while steps < MAX_INNER:
@@ -223,7 +218,7 @@ def continuous(pair, group: str, r: torch.Tensor, blocks: Mapping[int, LayerTran
     found = {i: dataclasses.replace(current[i], head_perm=blocks[i].head_perm, ffn_perm=blocks[i].ffn_perm)
              for i in blocks}
     return r, found, math.sqrt(max(squared, 0.0)), {"steps": steps, "accelerated": accelerated, "converged": converged,
-                                                    "trace": trace, "resume": (current, squared, m, g)}
+                                                    "trace": trace}
 
 
 def _anderson(xs: list[torch.Tensor], fs: list[torch.Tensor]) -> torch.Tensor:

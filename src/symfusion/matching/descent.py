@@ -5,8 +5,10 @@ group and the block transforms B (head permutations, Q/K and V/O rotations, scal
 over a pair (matching/pairs.py). The descent alternates
 - the block solves at R (heads, rotations, scales, FFN permutation; matching/compose.py), a layer taking its new
   transform only where it changes a discrete part and is closer;
-- the inner loop (matching/continuous.py): R and the continuous parts to a fixed point with the discrete parts fixed,
-  first to LOOSE while the discrete parts may still change, then to TOL.
+- the inner loop (matching/continuous.py): R and the continuous parts to a fixed point (to TOL) with the discrete
+  parts fixed. (Every loop runs to TOL: stopping loose, at 1e-3, while the discrete parts might still change, let
+  a 1e-7 rounding of the source stop the loop an iteration earlier or later, 6e-3 away in R, and flip near-tied
+  FFN neurons in the next block solve.)
 When a block solve at the inner loop's fixed point changes no discrete part, (R, B) is a fixed point of the whole
 alternation: converged. D never rises; the descent also stops after MAX_OUTER block solves (converged: false).
 A block solve reuses a layer's FFN permutation (and, for multi-head attention, its head permutation) without
@@ -30,7 +32,6 @@ from symfusion.matching.permutation import ffn_cross, max_assignment
 from symfusion.stream import rotate_stream
 from symfusion.symmetry import LayerTransform, apply_blocks, permute_heads
 
-LOOSE = 1e-3           # the inner loop's tolerance while the discrete parts may still change
 MAX_OUTER = 20         # block solves
 DISCRETE = ("head_perm", "ffn_perm")
 
@@ -183,11 +184,9 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             r0, in_group = completed_start(pair, group, attention), True
     with clock("blocks"):
         blocks = block_pass(pair, r0, config, None, clock, memos)
-    r, history, inner, converged, solves, tol = r0, [], [], False, 1, LOOSE
-    resume = None
+    r, history, inner, converged, solves = r0, [], [], False, 1
     for outer in range(MAX_OUTER):
-        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, tol, cache, resume)
-        resume = None
+        r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, TOL, cache)
         history.append(dist)
         inner.append(info)
         if outer == MAX_OUTER - 1:
@@ -196,11 +195,8 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             found = block_pass(pair, r, config, blocks, clock, memos)
         solves += 1
         if discrete_parts(found) == discrete_parts(blocks):
-            if tol == TOL:
-                converged = True
-                break
-            tol, resume = TOL, info["resume"]       # the discrete parts hold at the loose point: to the fixed point
-            continue
+            converged = True
+            break
         blocks = found
     return r, blocks, history[-1], {"descent": history, "inner": inner, "converged": converged,
                                     "block_solves": solves}

@@ -30,7 +30,7 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching.compose import MatchConfig, MatchResult, StageClock, match_blocks
 from symfusion.matching.continuous import MAX_INNER, TOL
-from symfusion.matching.descent import LOOSE, MAX_OUTER, descend
+from symfusion.matching.descent import MAX_OUTER, descend
 from symfusion.matching.pairs import StatePair, distance_of, paper_lower_bound, parts
 from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import gauge_gains, residual_group
@@ -152,7 +152,7 @@ def summary(runs: list[dict], best: dict) -> dict:
     """What match.json records of the descent: the chosen run's history and stop, every start, their spread."""
     distances = [c["folded_distance"] for c in runs]
     return {"descent": best.get("descent", []), "converged": best.get("converged", True),
-            "stop": {"tol": TOL, "loose": LOOSE, "max_inner": MAX_INNER, "max_outer": MAX_OUTER, "soft": SOFT},
+            "stop": {"tol": TOL, "max_inner": MAX_INNER, "max_outer": MAX_OUTER, "soft": SOFT},
             "starts": [{"start": c["start"], "folded_distance": c["folded_distance"], "converged": c["converged"],
                         "block_solves": c["block_solves"], "inner_steps": [i["steps"] for i in c["inner"]]}
                        for c in runs],
