@@ -12,6 +12,7 @@ resamples of the test examples for both variants; a barrier is recomputed on eve
     circuits                 heads assigned on QK/OV circuit inner products <W_Q^T W_K, ..> + <W_O W_V, ..>
     identity_start           the descent started from R = I (the paper's matching's basis)
     multi_start              starts: weights, R = I, three jittered weights starts; least folded distance
+    multi_start_no_rescale   both
     soft_1e-1, soft_1e-3     the regularised start with eps = 1e-1 / 1e-3 s_max (default 1e-2)
     embeddings_0.5           decoders: embeddings (tied lm_head) weighed by 0.5 in the objective
     mask_unseen              decoders: embedding rows of tokens absent from the train split left out (needs data)
@@ -149,6 +150,9 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir):
         patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
     elif variant == "no_rescale":
         config = dataclasses.replace(FULL, rescale=False)
+    elif variant == "multi_start_no_rescale":
+        config = dataclasses.replace(FULL, rescale=False)
+        patches = [(whole, "starts", extra_starts(("weights", "identity", 1, 2, 3)))]
     elif variant == "circuits":
         patches = [(compose, "match_heads", circuit_heads), (descent, "head_solve", circuit_head_solve)]
     elif variant == "identity_start":

@@ -9,8 +9,9 @@ permutation)
     each KV head's rotation <- argmax <Q, a C_up + C_down / a>, then its scale a for it (eq. 12)
                                                                           (exact block steps; kept where closer)
 until R moves by at most TOL (largest entry): a fixed point of block coordinate descent on the joint objective
-(measured: at most float64 rounding away from one). The R sequence is Anderson-accelerated (orthogonal groups),
-an accelerated step kept only where it lowers D; D never rises.
+(or a step that no longer lowers D, where every head keeps its transform). The R sequence is Anderson-accelerated
+(orthogonal groups, the last ANDERSON steps), an accelerated step kept only where it lowers D; D never rises.
+(Riemannian L-BFGS on R, the heads solved at each R, took as many steps at ten times the cost per step.)
 """
 from __future__ import annotations
 

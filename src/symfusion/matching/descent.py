@@ -13,7 +13,7 @@ When a block solve at the inner loop's fixed point changes no discrete part, (R,
 alternation: converged. D never rises; the descent also stops after MAX_OUTER block solves (converged: false).
 A block solve reuses a layer's FFN permutation (and, for multi-head attention, its head permutation) without
 forming its cross products when R has moved too little to change it: the previous solve's row-argmax margin
-exceeds twice the largest change |dR|_2 can cause (FFNMargin) - an exact shortcut.
+exceeds twice the largest change |dR|_2 can cause (Margin) - an exact shortcut.
 """
 from __future__ import annotations
 

@@ -5,12 +5,14 @@ output rows of every map writing it), while each block's symmetries (heads, Q/K 
 FFN permutation) act on that block's head and neuron axes only; the two commute. With both models in the
 folded gauge (stream.py: every pre-norm's gain folded into its readers), the squared distance is
     D(R, B) = | B R fold(source) - fold(anchor) |^2
-and matching/descent.py
-alternates the block solves of matching/compose.py with the exact residual solve of matching/residual.py to a
-fixed point, from the first map of matching/starts.py (the regularised polar factor of the untouched tensors'
-cross product, or of the activations after the embeddings). D never rises along the descent. The paper's own
-block matching, without a residual map, is a candidate too, so the result is never farther from the anchor (in
-the folded gauge) than it; candidates whose distances agree to CHOICE_TOL are tied and the first listed wins.
+and matching/descent.py alternates the block solves of matching/compose.py with the exact residual solve of
+matching/residual.py (and the heads' continuous parts, matching/continuous.py) to a fixed point, from the first
+map of matching/starts.py (the regularised polar factor of the untouched tensors' cross product, or of the
+activations after the embeddings, completed by the attention blocks solved at it). D never rises along the
+descent. The paper's own block matching, without a residual map, is a candidate too, so the result is never
+farther from the anchor (in the folded gauge) than it: it is solved unless a lower bound on its distance from
+norms alone already exceeds the descent's (matching/pairs.py). Candidates whose distances agree to CHOICE_TOL are
+tied and the first listed wins.
 The source is finally unfolded with the gains closest to the anchor as stored (matching/residual.py,
 gauge_gains), and the paper's block matching is taken instead when it is closer as stored: where norms hold
 gains near zero, the folded gauge prices their coordinates near zero too, and a small rotation that mixes them
