@@ -23,6 +23,7 @@ lm_head does not fold (lm_head is the embedding table): there only (signed) perm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
 import torch
@@ -219,23 +220,42 @@ def rotate_stream(state: Mapping[str, torch.Tensor], stream: StreamLayout, r: to
     permutation; folded gains, all ones, stay). Keys in `skip` stay."""
     out = dict(state)
     folded = stream.folded
+    signed = signed_permutation(r)
     for key, axes in stream.axes:
         if key in skip or key not in out:
             continue
         if key in stream.gains:
             if key not in folded:
-                out[key] = contract(out[key], r.abs(), axes)
+                out[key] = contract(out[key], r.abs(), axes, None if signed is None else (signed[0], None))
             continue
-        out[key] = contract(out[key], r, axes)
+        out[key] = contract(out[key], r, axes, signed)
     return out
 
 
-def contract(tensor: torch.Tensor, r: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
-    """new[.., i, ..] = sum_j r[i, j] old[.., j, ..] along each axis in `axes`."""
+def contract(tensor: torch.Tensor, r: torch.Tensor, axes: tuple[int, ...],
+             signed: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+    """new[.., i, ..] = sum_j r[i, j] old[.., j, ..] along each axis in `axes`; with `signed` = (perm, signs) of a
+    signed permutation r (signed_permutation), the same by indexing: new[i] = signs[i] old[perm[i]]."""
     r = r.to(tensor.dtype) if tensor.is_floating_point() else r
     for axis in axes:
-        tensor = torch.movedim(torch.tensordot(r, tensor, dims=([1], [axis])), 0, axis)
+        if signed is None:
+            tensor = torch.movedim(torch.tensordot(r, tensor, dims=([1], [axis])), 0, axis)
+            continue
+        perm, signs = signed
+        tensor = tensor.index_select(axis, perm)
+        if signs is not None:
+            shape = [1] * tensor.dim()
+            shape[axis] = -1
+            tensor = tensor * signs.to(tensor.dtype).reshape(shape)
     return tensor
+
+
+def signed_permutation(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(perm, signs) with r[i, perm[i]] = signs[i] the only nonzero entry of row i, when r is a signed permutation."""
+    if not is_signed_permutation(r):
+        return None
+    perm = r.abs().argmax(dim=1)
+    return perm, r[torch.arange(r.shape[0]), perm]
 
 
 def move_stream(state: Mapping[str, torch.Tensor], stream: StreamLayout, r: torch.Tensor,
@@ -254,7 +274,13 @@ def is_signed_permutation(r: torch.Tensor) -> bool:
 # ---------------------------------------------------------------- LayerNorm's constraint: r 1 = +-1
 
 def centred_basis(hidden: int) -> torch.Tensor:
-    """An orthonormal basis of the complement of the all-ones vector, (hidden, hidden - 1) float64 (Helmert's)."""
+    """An orthonormal basis of the complement of the all-ones vector, (hidden, hidden - 1) float64 (Helmert's);
+    a copy of one computed once per size."""
+    return _helmert(hidden).clone()
+
+
+@lru_cache(maxsize=4)
+def _helmert(hidden: int) -> torch.Tensor:
     basis = torch.zeros(hidden, hidden - 1, dtype=torch.float64)
     for k in range(1, hidden):                    # column k-1: (1, ..., 1, -k, 0, ...) / sqrt(k (k + 1))
         basis[:k, k - 1] = 1.0

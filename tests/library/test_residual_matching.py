@@ -1,16 +1,22 @@
 """Matching the whole symmetry group: a planted transform (heads, blocks, residual map, gains) is undone; the
 coordinate descent never rises and is never farther than the paper's matching; the function is kept; wrong
 requests get one error line."""
+import dataclasses
+
 import pytest
 import torch
 
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, MatchData, match_models
+from symfusion.matching.compose import StageClock
+from symfusion.matching.descent import block_pass
+from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import gauge_gains
 from symfusion.measures import distance
+from symfusion.matching.whole import folded_distance
 from symfusion.stream import fold_norms, stream_layout
-from symfusion.symmetry import Transform, apply_transform, random_residual, random_transform
+from symfusion.symmetry import Transform, apply_blocks, apply_transform, random_residual, random_transform
 from test_residual_symmetry import MODEL_IDS, MODELS, build, relative_change
 
 FULL = MatchConfig(attention="rotation", rescale=True, ffn="permutation", heads=True, residual="auto")
@@ -50,7 +56,14 @@ def test_the_descent_never_rises_and_is_never_farther_than_the_papers_matching(k
     result = match_models(source.state_dict(), anchor.state_dict(), layout, FULL)
     info = result.residual
     assert info["descent"] == sorted(info["descent"], reverse=True) and len(info["descent"]) >= 1
-    assert info["folded_distance"] <= info["folded_distance_blocks_only"]
+    # the paper's block matching was a candidate, or its distance's lower bound already exceeded the descent's
+    paper = match_models(source.state_dict(), anchor.state_dict(), layout, dataclasses.replace(FULL.blocks(), heads=None))
+    stream = stream_layout(layout, source.state_dict())
+    fold = lambda m: fold_norms(layout.canonical(m.state_dict()), stream.folds)                   # noqa: E731
+    paper_folded = folded_distance(apply_blocks(fold(source), layout, paper.transform.layers), fold(anchor))
+    assert paper_folded >= info["paper_lower_bound"] * (1 - 1e-12)
+    assert info["folded_distance"] <= (paper_folded if info["folded_distance_blocks_only"] is not None
+                                       else info["paper_lower_bound"])
     assert relative_change(source, result.transform) < 1e-10
 
 
@@ -203,3 +216,30 @@ def test_align_of_two_modules_matches_the_whole_group_and_keeps_the_function():
     assert matched.lm_head.weight is matched.model.embed_tokens.weight
     with pytest.raises(SymfusionError, match="give data"):
         symfusion.align(source, anchor, matching="full_symmetry_learned")
+
+
+def test_a_block_solve_keeps_the_closer_attention_and_the_optimal_ffn_permutation():
+    """descent.block_pass against earlier transforms with other head and FFN permutations (grouped-query heads):
+    each layer takes the FFN permutation of its solve (the optimum at R) and the closer of the two attention parts."""
+    anchor, source = (build("dec", "llama", {"num_key_value_heads": 2}, seed=s).state_dict() for s in (1, 2))
+    layout = layout_of(build("dec", "llama", {"num_key_value_heads": 2}).config, anchor)
+    stream = stream_layout(layout, source)
+    pair = StatePair(fold_norms(layout.canonical(source), stream.folds), fold_norms(layout.canonical(anchor), stream.folds),
+                     layout, stream)
+    eye, config = torch.eye(stream.hidden, dtype=torch.float64), FULL.blocks()
+    solved = block_pass(pair, eye, config, None, StageClock())
+    swapped = torch.arange(layout.num_heads).roll(layout.num_heads // layout.kv_heads)      # the KV groups swapped
+    earlier = {i: dataclasses.replace(t, head_perm=swapped, ffn_perm=t.ffn_perm.flip(0)) for i, t in solved.items()}
+    chosen = block_pass(pair, eye, config, earlier, StageClock())
+
+    def attention_distance(i, t):
+        att = layout.layers[i].attention
+        fs, fa = pair.layer(i)
+        keys = att.qk_keys() + att.vo_keys()
+        moved = apply_blocks({k: fs[k] for k in keys}, layout, {i: dataclasses.replace(t, ffn_perm=None)})
+        return sum(((moved[k] - fa[k]) ** 2).sum().item() for k in keys)
+
+    for i in range(layout.num_layers):
+        assert torch.equal(chosen[i].ffn_perm, solved[i].ffn_perm)
+        distances = [attention_distance(i, t) for t in (solved[i], earlier[i])]
+        assert attention_distance(i, chosen[i]) == pytest.approx(min(distances), rel=1e-12)

@@ -1,16 +1,14 @@
 """Folders matched over the whole symmetry group (matching.residual): the coordinate descent streamed over memory-mapped layers.
 
 matching/whole.py alternates block solves and a residual solve on whole state dicts; a 7B pair does not fit
-in memory, so here every alternation is one pass over the layers, read from the shards one at a time:
-given the residual map R, each layer's block solve sees only that layer (moved by R, folded), and given the
-blocks, the residual cross product M is a sum over layers plus the tensors outside them (embeddings, final
-norm, head; read once). The distance separates over layers too, so each layer keeps the better of its new
-and its previous block transform, and the descent never rises. The first map comes from the tensors no
-block solve touches; the paper's block matching (R = I) is a candidate, as in matching/whole.py, whose
-maths this streams (the result equals it: tests/library/test_residual_folders.py). The writing pass folds, moves and
+in memory, so here the descent of matching/descent.py reads the folders through a pair that gives the folded
+tensors of one layer at a time from the shards (and those outside the layers, read once): every block solve
+is one pass over the layers, every continuous step of the inner loop one pass over the attention maps. The
+start (matching/starts.py), the paper's block matching as a candidate and the choice are matching/whole.py's,
+whose maths this streams (the result equals it: tests/library/test_residual_folders.py). The writing pass folds, moves and
 unfolds each layer with the gains closest to the anchor (gauge_gains), applies its block transform and checks
 the block on the moved stream (block'(R h) = R block(h)); the whole model's logits are checked when it is small.
-Cost: each alternation reads both models once and repeats every layer's block solves.
+Cost: each block solve reads both models once and repeats every layer's block solves.
 """
 from __future__ import annotations
 
@@ -26,8 +24,11 @@ from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
-from symfusion.matching.residual import gauge_gains, residual_cross, residual_group, solve_residual
-from symfusion.matching.whole import MAX_ITERATIONS, REL_TOL, folded_distance
+from symfusion.matching.descent import descend
+from symfusion.matching.pairs import distance_of, paper_lower_bound, parts
+from symfusion.matching.residual import gauge_gains, residual_group
+from symfusion.matching.starts import first_map, untouched_cross
+from symfusion.matching.whole import CHOICE_TOL, choose, summary
 from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
 from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
 from symfusion.measures import SquaredDistances, distance_fields
@@ -39,10 +40,10 @@ class _Pair:
     """Source and anchor folders read as canonical, folded float32 states: per layer, and the tensors outside them."""
 
     def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout):
-        self.src, self.anc, self.layout, self.stream = src, anc, layout, stream
+        self.src, self.anc, self.layout, self.stream, self.cache = src, anc, layout, stream, {}
         in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
-        self.outside = [k for k in src.weight_map if k not in in_layers and (k in anc.weight_map or k in anc.ties)]
-        self.outside_pair = self._read(self.outside)
+        self.outside_keys = [k for k in src.weight_map if k not in in_layers and (k in anc.weight_map or k in anc.ties)]
+        self.outside = self._read(self.outside_keys)
 
     def layer_keys(self, i: int) -> list[str]:
         prefix = _layer_prefix(self.layout, i)
@@ -62,84 +63,57 @@ class _Pair:
         return self._read(self.layer_keys(i))
 
 
-def _untouched(pair: _Pair) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cross products of the tensors no block solve moves: outside tensors, and each layer's norms and writer biases."""
-    m, g = residual_cross(*pair.outside_pair, pair.stream, current=torch.eye(pair.stream.hidden, dtype=torch.float64))
+def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> dict[int, LayerTransform]:
+    """The block matching alone (for the paper's encoders, the paper's), solved on the models as they are: the
+    descent's first candidate."""
+    blocks = {}
     for i in range(pair.layout.num_layers):
-        att, ffn = pair.layout.layers[i].attention, pair.layout.layers[i].ffn
-        keys = [k for k in pair.layer_keys(i) if k not in pair.layout.layer_keys(i)]
-        keys += [p.bias for p in (att.output, ffn.output) if p.bias]
-        layer_m, layer_g = residual_cross(*pair.layer(i), pair.stream, keys=set(keys))
-        m, g = m + layer_m, g + layer_g
-    return m, g
-
-
-def _pass(pair: _Pair, r: torch.Tensor, config: MatchConfig, previous: dict | None, clock: StageClock):
-    """One alternation: each layer's block solve on R fold(source) (kept if closer than its previous one); returns
-    (blocks per layer, folded distance, the residual cross products for the next R)."""
-    stream, layout = pair.stream, pair.layout
-    src_out, anc_out = pair.outside_pair
-    squared = folded_distance(rotate_stream(src_out, stream, r), anc_out) ** 2
-    m, g = residual_cross(src_out, anc_out, stream, current=r)
-    blocks = {}
-    for i in range(layout.num_layers):
-        fs, fa = pair.layer(i)
-        moved = rotate_stream(fs, stream, r)
-        found = match_blocks(moved, fa, layout, config, layers=[i], clock=clock, canonical=True).transform.layers
-        candidates = [found.get(i, LayerTransform())] + ([previous[i]] if previous else [])
-        distances = [folded_distance(apply_blocks(moved, layout, {i: c}), fa) for c in candidates]
-        k = min(range(len(candidates)), key=distances.__getitem__)
-        blocks[i] = candidates[k]
-        squared += distances[k] ** 2
-        with clock("residual"):
-            layer_m, layer_g = residual_cross(apply_blocks(fs, layout, {i: blocks[i]}), fa, stream, current=r)
-        m, g = m + layer_m, g + layer_g
-    return blocks, math.sqrt(squared), (m, g)
-
-
-def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> tuple[dict, float]:
-    """The block matching alone (for the paper's encoders, the paper's), solved on the models as they are, and its
-    distance in the folded gauge: the descent's first candidate."""
-    layout = pair.layout
-    squared = folded_distance(*pair.outside_pair) ** 2
-    blocks = {}
-    for i in range(layout.num_layers):
         keys = pair.layer_keys(i)
         raw = [folder.read(keys, torch.float32) for folder in (pair.src, pair.anc)]
-        blocks[i] = match_blocks(*raw, layout, config, layers=[i], clock=clock).transform.layers.get(i, LayerTransform())
-        fs, fa = pair.layer(i)
-        squared += folded_distance(apply_blocks(fs, layout, {i: blocks[i]}), fa) ** 2
-    return blocks, math.sqrt(squared)
+        blocks[i] = match_blocks(*raw, pair.layout, config, layers=[i], clock=clock).transform.layers.get(i, LayerTransform())
+    return blocks
 
 
 def _descent(pair: _Pair, config: MatchConfig, group: str, clock: StageClock) -> tuple[torch.Tensor, dict, dict]:
-    """(residual map, blocks per layer, info) of the streamed coordinate descent; as in matching/whole.py, the
-    paper's block matching instead where it is closer to the anchor as stored (one more pass)."""
+    """(residual map, blocks per layer, info) of matching/whole.py's descent and choice on the streamed pair."""
     eye = torch.eye(pair.stream.hidden, dtype=torch.float64)
-    paper_blocks, paper_distance = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
-    best = (paper_distance, eye, paper_blocks, "paper")
     with clock("residual"):
-        m, g = _untouched(pair)
-        r = solve_residual(m, group, g)
-    history, previous = [], None
-    for _ in range(MAX_ITERATIONS):
-        blocks, dist, (m, g) = _pass(pair, r, config.blocks(), previous, clock)
-        if history and dist >= history[-1]:
-            break
-        history.append(dist)
-        previous = blocks
-        if dist < best[0]:
-            best = (dist, r, blocks, "descent")
-        if len(history) > 1 and history[-2] - history[-1] <= REL_TOL * history[-2]:
-            break
-        with clock("residual"):
-            r = solve_residual(m, group, g)
-    distance, r, blocks, chosen = best
-    if chosen != "paper" and _stored_distance(pair, eye, paper_blocks) <= _stored_distance(pair, r, blocks):
-        r, blocks, chosen = eye, paper_blocks, "paper, closer as stored"
-    return r, blocks, {"group": group, "residual_solve": "weights", "folded_distance_blocks_only": paper_distance,
-                       "descent": history, "folded_distance": distance, "chosen": chosen,
-                       "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final}
+        r0, in_group = first_map(*untouched_cross(pair), group)
+    r, blocks, dist, info = descend(pair, group, r0, in_group, config, clock)
+    runs = [{"start": "weights", "folded_distance": dist, "r": r, "blocks": blocks, **info}]
+    paper: dict = {}
+
+    def paper_blocks() -> dict:
+        if "blocks" not in paper:
+            paper["blocks"] = _paper(pair, dataclasses.replace(config.blocks(), heads=None), clock)
+        return paper["blocks"]
+
+    bound = paper_lower_bound(parts(pair), pair.layout)
+    candidates = runs
+    if dist >= bound * (1 - CHOICE_TOL):
+        paper["distance"] = distance_of(pair, eye, paper_blocks())
+        candidates = [{"start": "paper", "folded_distance": paper["distance"], "r": eye, "blocks": paper_blocks()}] + runs
+    best = choose(candidates)
+    chosen = "paper" if best["start"] == "paper" else "descent"
+    r, blocks = best["r"], best["blocks"]
+    if chosen != "paper":
+        stored = _stored_distance(pair, r, blocks)
+        if stored >= paper_lower_bound(_raw_parts(pair), pair.layout) and stored >= _stored_distance(pair, eye, paper_blocks()):
+            r, blocks, chosen = eye, paper_blocks(), "paper, closer as stored"
+    return r, blocks, {"group": group, "residual_solve": "weights",
+                       "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
+                       "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
+                       "folds": len(pair.stream.folds), "tied_final_norm": pair.stream.tied_final,
+                       **summary(runs, best)}
+
+
+def _raw_parts(pair: _Pair):
+    """The source's and the anchor's canonical tensors as stored (not folded), by part, as descent.parts gives them."""
+    for i in [None] + list(range(pair.layout.num_layers)):
+        keys = pair.outside_keys if i is None else pair.layer_keys(i)
+        yield (i, *(pair.layout.canonical(folder.read([k for k in keys if k in folder.weight_map or k in folder.ties],
+                                                      torch.float32))
+                    for folder in (pair.src, pair.anc)))
 
 
 def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Path, config: MatchConfig,
@@ -193,7 +167,7 @@ def _moved_parts(pair: _Pair, r: torch.Tensor, blocks: dict):
     """Per part (the tensors outside the layers, then each layer): (layer index or None, its stored keys, the
     source's part as stored, the anchor's, the moved part as stored in float32, its norms' gains)."""
     for i in [None] + list(range(pair.layout.num_layers)):
-        keys = pair.outside if i is None else pair.layer_keys(i)
+        keys = pair.outside_keys if i is None else pair.layer_keys(i)
         stored_source = pair.src.read(keys, torch.float32)
         anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map or k in pair.anc.ties], torch.float32)
         moved, gains = _move(stored_source, anchor_part, pair.layout, pair.stream, r, {} if i is None else {i: blocks[i]})

@@ -18,8 +18,9 @@ The KV groups are then assigned on those exact values, so the result is never wo
 leaving the heads in place.
 
 git_rebasin assigns heads on its own group's values (linear-assignment values of the V/O and
-non-rotary Q/K coordinates); rotation matching computes both assignments and keeps the one
-with the larger rotation objective, so that rotation matching is never farther from the
+non-rotary Q/K coordinates); rotation matching with grouped-query attention computes both
+assignments and keeps the one with the larger rotation objective (with multi-head attention its
+own assignment is already the exact optimum), so that rotation matching is never farther from the
 anchor than git_rebasin, and git_rebasin never farther than no matching.
 """
 from __future__ import annotations
@@ -124,13 +125,23 @@ def assignment_value(c: PairCrosses, perm: torch.Tensor, values) -> float:
                for a in range(perm.shape[0] // g))
 
 
+def rotation_values(att: AttentionLayout):
+    """The (Q/K value, V/O value) functions of rotation matching: max <R, M> over each side's group."""
+    return _values(att, "rotation")
+
+
+def head_scores(c: PairCrosses, values) -> torch.Tensor:
+    """Multi-head attention: the objective of every (source head, anchor head) pair, (H_source, H_anchor)."""
+    qk_value, vo_value = values
+    return qk_value(c.query[:, :, 0, 0] + c.key) + vo_value(c.value + c.output[:, :, 0, 0])
+
+
 def assign_heads(c: PairCrosses, values) -> torch.Tensor:
     """The head permutation maximising the objective given by `values` (exact for MHA; see the module docstring)."""
     qk_value, vo_value = values
     kv, group = c.key.shape[0], c.group
     if group == 1:
-        scores = qk_value(c.query[:, :, 0, 0] + c.key) + vo_value(c.value + c.output[:, :, 0, 0])   # (H_s, H_a)
-        return max_assignment(scores.T.contiguous().numpy())
+        return max_assignment(head_scores(c, values).T.contiguous().numpy())
     upper = qk_value(c.query) + vo_value(c.output)                                  # (kv_s, kv_a, g_s, g_a)
     scores = torch.empty(kv, kv, dtype=torch.float64)
     orders = {}
@@ -150,12 +161,16 @@ def match_heads(source: Mapping, anchor: Mapping, att: AttentionLayout, heads: i
     """The query-head permutation (new head h = old head perm[h]) moving the source's heads onto the anchor's,
     whole KV groups at a time, for rotation or permutation (git_rebasin) matching; None for the identity.
 
-    Permutation matching assigns on its own group's values. Rotation matching also tries that assignment
-    and keeps the one with the larger rotation objective, so it is never farther than git_rebasin."""
+    Permutation matching assigns on its own group's values. Rotation matching with grouped-query attention also
+    tries that assignment and keeps the one with the larger rotation objective, so it is never farther than
+    git_rebasin; with multi-head attention its own assignment is the exact optimum, which no other can beat."""
     c = pair_crosses(source, anchor, att, heads)
-    permutation = assign_heads(c, _values(att, "permutation"))
-    perm = permutation
-    if kind == "rotation":
+    if kind == "rotation" and att.group == 1:
+        perm = assign_heads(c, _values(att, "rotation"))       # the exact optimum: never below git_rebasin's
+    else:
+        permutation = assign_heads(c, _values(att, "permutation"))
+        perm = permutation
+    if kind == "rotation" and att.group > 1:
         rotation, values = assign_heads(c, _values(att, "rotation")), _values(att, "rotation")
         if assignment_value(c, rotation, values) >= assignment_value(c, permutation, values):
             perm = rotation

@@ -103,6 +103,14 @@ def solve_residual(m: torch.Tensor, group: str, g: torch.Tensor | None = None) -
     raise SymfusionError(f"unknown residual group {group!r}; one of {', '.join(GROUPS)}")
 
 
+def project_to_group(x: torch.Tensor, group: str) -> torch.Tensor:
+    """The element of a continuous residual group nearest to x (d, d) in Frobenius norm: its polar factor (for
+    LayerNorm on the complement of 1, the sign of 1^T x 1 on 1)."""
+    if group not in ("orthogonal", "orthogonal_centred"):
+        raise SymfusionError(f"no projection onto the {group} group")
+    return solve_residual(x, group)
+
+
 def activation_cross(anchor_states: torch.Tensor, source_states: torch.Tensor, stream: StreamLayout) -> torch.Tensor:
     """sum over tokens of h_a h_s^T for two (tokens, d) residual streams at the same inputs, (d, d) float64;
     LayerNorm streams are centred first (their mean is invisible to every reader)."""

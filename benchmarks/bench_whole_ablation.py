@@ -1,0 +1,276 @@
+"""Benchmark: what moves the data-free whole-symmetry optimum (issue 33), measured over several end-model pairs.
+
+Each variant matches every pair (source onto anchor), merges by Simple fusion and evaluates the merge on the
+test split and the loss path (11 points); the table gives each variant's effect against full_symmetry's on the
+simple merge's metric and on both barriers (the paper's max - min, Generalized LMC's max above the straight
+line), averaged over the pairs, with 95% paired bootstrap intervals (pipeline/uncertainty.py: the same
+resamples of the test examples for both variants; a barrier is recomputed on every resample). Variants:
+    none, rotation           no matching; the paper's matching
+    full_symmetry            the default (matching/whole.py)
+    fan_in                   each map / sqrt(its fan-in) in the objective, as Generalized LMC weighs its blocks
+    no_rescale               matching.rescale=false
+    circuits                 heads assigned on QK/OV circuit inner products <W_Q^T W_K, ..> + <W_O W_V, ..>
+    identity_start           the descent started from R = I (the paper's matching's basis)
+    multi_start              starts: weights, R = I, three jittered weights starts; least folded distance
+    multi_start_no_rescale   both
+    soft_1e-1, soft_1e-3     the regularised start with eps = 1e-1 / 1e-3 s_max (default 1e-2)
+    embeddings_0.5           decoders: embeddings (tied lm_head) weighed by 0.5 in the objective
+    mask_unseen              decoders: embedding rows of tokens absent from the train split left out (needs data)
+The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
+Evaluations are cached as JSON under --out, so a rerun computes only what is missing.
+    python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import symfusion.matching.compose as compose
+import symfusion.matching.descent as descent
+import symfusion.matching.pairs as pairs_module
+import symfusion.matching.starts as starts_module
+import symfusion.matching.whole as whole
+from symfusion.arch import layout_of
+from symfusion.pipeline.config import load_group
+from symfusion.errors import SymfusionError
+from symfusion.families import FAMILIES
+from symfusion.interpolation import loss_path
+from symfusion.matching import match_models, matching_config
+from symfusion.matching.heads import match_heads, pair_crosses
+from symfusion.matching.permutation import max_assignment
+from symfusion.io.modelio import load_model, load_tokenizer
+from symfusion.pipeline.tasks import make_task
+from symfusion.pipeline.uncertainty import interval, paired_effect, resamples
+from symfusion.symmetry import apply_transform
+
+TRACKS = {"vit": ("fashion_mnist", 2000), "llama": ("lm_english", None)}
+FULL = matching_config("full_symmetry")
+
+
+@contextlib.contextmanager
+def replaced(module, name: str, value):
+    """module.name = value inside the block, restored after."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def circuit_heads(source, anchor, att, heads, kind="rotation"):
+    """Multi-head attention: heads assigned on <C_s, C_a> of their QK circuits W_Q^T W_K and OV circuits W_O W_V
+    (invariant to every within-head symmetry): <Q_s Q_a^T, K_s K_a^T> + <O_s^T O_a, V_s V_a^T> per pair."""
+    c = pair_crosses(source, anchor, att, heads)
+    if kind != "rotation" or c.group != 1 or att.qk_group == "rope":
+        return match_heads(source, anchor, att, heads, kind)
+    scores = (c.query[:, :, 0, 0] * c.key).sum((-1, -2)) + (c.value * c.output[:, :, 0, 0]).sum((-1, -2))
+    perm = max_assignment(scores.T.double().contiguous().numpy())
+    return None if torch.equal(perm, torch.arange(heads)) else perm
+
+
+def circuit_head_solve(moved, fa, att, heads, r, source):
+    """descent.head_solve with the circuit assignment (and no certificate)."""
+    return circuit_heads(moved, fa, att, heads), None
+
+
+def extra_starts(kinds: tuple):
+    """whole.starts with the weights start and/or R = I and jittered weights starts (cross product + 0.3 x its
+    mean magnitude of seeded noise), all run and the least folded distance chosen."""
+    original = whole.starts
+
+    def starts(pair, group, config, source, anchor, stream, data):
+        found = list(original(pair, group, config, source, anchor, stream, data)) if "weights" in kinds else []
+        m, g = starts_module.untouched_cross(pair)
+        if "identity" in kinds:
+            found.append(("identity", torch.eye(stream.hidden, dtype=torch.float64), True))
+        for seed in (k for k in kinds if isinstance(k, int)):
+            noise = torch.randn(m.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            found.append((f"jitter {seed}", *starts_module.first_map(m + 0.3 * m.abs().mean() * noise, g, group)))
+        return found
+    return starts
+
+
+def fan_in_pair(layout):
+    """StatePair with every map (a tensor of 2+ dims that is no embedding table) times 1 / sqrt(its fan-in) in
+    both models, as Generalized LMC weighs its weight blocks (a scalar per tensor commutes with every symmetry)."""
+    original, spec = pairs_module.StatePair.__init__, FAMILIES[layout.family]
+    prefixes = [pairs_module.layer_prefix(layout, i) for i in range(layout.num_layers)]
+
+    def table(key: str) -> bool:
+        if any(key.startswith(p) for p in prefixes):
+            return False
+        try:
+            return spec.stream_position_of(key) in ("embeddings", "class_token", "positions")
+        except SymfusionError:               # keys the family places nowhere (task heads) are maps
+            return False
+
+    def init(self, fs, fa, layout, stream):
+        weighed = [{k: v * math.prod(v.shape[1:]) ** -0.5 if v.is_floating_point() and v.dim() > 1 and not table(k)
+                    else v for k, v in state.items()} for state in (fs, fa)]
+        original(self, *weighed, layout, stream)
+    return init
+
+
+def embedding_rows(scale: torch.Tensor):
+    """StatePair with the embedding table (and a tied lm_head) rows multiplied by `scale` in both models."""
+    original = pairs_module.StatePair.__init__
+
+    def init(self, fs, fa, layout, stream):
+        fs, fa = dict(fs), dict(fa)
+        for state in (fs, fa):
+            for key in [k for k in state if k.endswith("embed_tokens.weight") or k == "lm_head.weight"]:
+                state[key] = state[key] * scale.to(state[key].dtype)[: state[key].shape[0], None]
+        original(self, fs, fa, layout, stream)
+    return init
+
+
+def unseen_tokens(task, model_dir: str) -> torch.Tensor:
+    tokenizer = load_tokenizer(model_dir)
+    counts = torch.bincount(task.blocks("train", tokenizer).flatten(), minlength=len(tokenizer))
+    return counts == 0
+
+
+def match(variant: str, source, anchor, layout, tied, task, model_dir):
+    """The matched source's state for one variant (and the match's residual info)."""
+    if variant == "none":
+        return source, {}
+    if variant == "rotation":
+        return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
+    config, patches = FULL, []
+    if variant == "fan_in":
+        patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
+    elif variant == "no_rescale":
+        config = dataclasses.replace(FULL, rescale=False)
+    elif variant == "multi_start_no_rescale":
+        config = dataclasses.replace(FULL, rescale=False)
+        patches = [(whole, "starts", extra_starts(("weights", "identity", 1, 2, 3)))]
+    elif variant == "circuits":
+        patches = [(compose, "match_heads", circuit_heads), (descent, "head_solve", circuit_head_solve)]
+    elif variant == "identity_start":
+        patches = [(whole, "starts", extra_starts(("identity",)))]
+    elif variant == "multi_start":
+        patches = [(whole, "starts", extra_starts(("weights", "identity", 1, 2, 3)))]
+    elif variant.startswith("soft_"):
+        patches = [(starts_module, "SOFT", float(variant[5:]))]
+    elif variant.startswith("embeddings_"):
+        scale = torch.full((len(load_tokenizer(model_dir)),), float(variant[11:]), dtype=torch.float64)
+        patches = [(pairs_module.StatePair, "__init__", embedding_rows(scale))]
+    elif variant == "mask_unseen":
+        scale = (~unseen_tokens(task, model_dir)).double()
+        patches = [(pairs_module.StatePair, "__init__", embedding_rows(scale))]
+    elif variant != "full_symmetry":
+        raise SystemExit(f"unknown variant {variant}")
+    with contextlib.ExitStack() as stack:
+        for module, name, value in patches:
+            stack.enter_context(replaced(module, name, value))
+        result = match_models(source, anchor, layout, config, tied=tied)
+    return apply_transform(source, layout, result.transform), result.residual
+
+
+def run(track: str, models: Path, pair: str, variant: str, out: Path) -> dict:
+    path = out / track / pair.replace(":", "-onto-") / f"{variant}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    task_name, examples = TRACKS[track]
+    src_name, anc_name = pair.split(":")
+    model = load_model(str(models / src_name))
+    source = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    anchor = {k: v.detach().clone() for k, v in load_model(str(models / anc_name)).state_dict().items()}
+    layout = layout_of(model.config, anchor)
+    task = make_task(task_name, load_group("profile", "mini"))
+    model_dir = str(models / anc_name)
+    start = time.perf_counter()
+    moved, info = match(variant, source, anchor, layout, bool(getattr(model.config, "tie_word_embeddings", False)),
+                        task, model_dir)
+    seconds = time.perf_counter() - start
+    model.load_state_dict({k: 0.5 * (v + moved[k]) if v.is_floating_point() else v for k, v in anchor.items()})
+    merged = task.evaluate(model.eval(), "test", model_dir=model_dir)
+    path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, "test", model_dir=model_dir,
+                                                                         examples=examples))
+    record = {"variant": variant, "pair": pair, "seconds": seconds, "folded_distance": info.get("folded_distance"),
+              "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
+              "barrier": path_result["barrier"], "barrier_linear": path_result["barrier_linear"],
+              "path": [{"alpha": p["alpha"], "loss": p["loss"], "per_example": p["per_example"]} for p in path_result["path"]]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return record
+
+
+def barriers(record: dict, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both barriers of a loss path on each resample of its test examples (rows of index)."""
+    points = record["path"]
+    losses = np.stack([np.asarray(p["per_example"]["loss"], float) for p in points])          # (11, n)
+    if "tokens" in points[0]["per_example"]:                                                   # token-weighted
+        tokens = np.asarray(points[0]["per_example"]["tokens"], float)
+        means = np.stack([row[index].sum(1) / tokens[index].sum(1) for row in losses])
+    else:
+        means = np.stack([row[index].mean(1) for row in losses])                              # (11, B)
+    alphas = np.array([p["alpha"] for p in points])[:, None]
+    line = alphas * means[-1:] + (1 - alphas) * means[:1]
+    return means.max(0) - means.min(0), (means - line).max(0)
+
+
+def effect(records: list[tuple[dict, dict]], metric: str, scale: float) -> dict:
+    """The mean over pairs of (variant - baseline) on the simple metric and both barriers, with intervals."""
+    simple = paired_effect(metric, [(a["simple"]["per_example"], b["simple"]["per_example"], "simple")
+                                    for a, b in records], scale=scale)
+    total = np.zeros((2, 1000))
+    point = np.zeros(2)
+    for a, b in records:
+        n = len(a["path"][0]["per_example"]["loss"])
+        index, everything = resamples(n, "barrier"), np.arange(n)[None, :]
+        total += np.stack(barriers(a, index)) - np.stack(barriers(b, index))
+        point += np.concatenate(barriers(a, everything)) - np.concatenate(barriers(b, everything))
+    total, point = total / len(records), point / len(records)
+    return {"simple": simple, "barrier": (point[0], *interval(total[0])), "barrier_linear": (point[1], *interval(total[1]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--track", choices=list(TRACKS), required=True)
+    parser.add_argument("--models", type=Path, required=True, help="folder holding the end models seed0, seed1, ...")
+    parser.add_argument("--pairs", nargs="*", default=["seed1:seed0", "seed2:seed0", "seed2:seed1"], help="source:anchor")
+    parser.add_argument("--variants", nargs="*", default=["none", "rotation", "full_symmetry", "fan_in", "circuits",
+                                                           "identity_start", "multi_start"])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/ablation"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for variant in args.variants:
+        for pair in args.pairs:
+            r = run(args.track, args.models, pair, variant, args.out)
+            print(f"{args.track} {pair} {variant}: {r['seconds']:.1f} s, simple "
+                  f"{r['simple'].get('accuracy', r['simple']['loss']):.4f}, barrier {r['barrier']:.4f} / "
+                  f"{r['barrier_linear']:.4f}", flush=True)
+    metric, scale = ("accuracy", 100.0) if args.track == "vit" else ("loss", 1.0)
+    base = {p: run(args.track, args.models, p, "full_symmetry", args.out) for p in args.pairs}
+    none = {p: run(args.track, args.models, p, "none", args.out) for p in args.pairs}
+    print(f"\n| variant | simple ({metric}) per pair | barrier (max-min) per pair | % of unmatched | "
+          f"simple vs full_symmetry | barrier vs full_symmetry | above-line barrier vs full_symmetry |\n|" + "---|" * 7)
+    for variant in args.variants:
+        records = [run(args.track, args.models, p, variant, args.out) for p in args.pairs]
+        values = " / ".join(f"{r['simple'][metric] * scale:.2f}" for r in records)
+        paths = " / ".join(f"{r['barrier']:.3f}" for r in records)
+        ratio = np.mean([r["barrier"] / none[p]["barrier"] for r, p in zip(records, args.pairs)]) * 100
+        cells = [variant, values, paths, f"{ratio:.0f}%"]
+        if variant == "full_symmetry":
+            cells += ["", "", ""]
+        else:
+            e = effect([(r, base[p]) for r, p in zip(records, args.pairs)], metric, scale)
+            s = e["simple"]
+            cells += [f"{s['effect']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}]",
+                      "{:+.3f} [{:+.3f}, {:+.3f}]".format(*e["barrier"]),
+                      "{:+.3f} [{:+.3f}, {:+.3f}]".format(*e["barrier_linear"])]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
