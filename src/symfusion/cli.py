@@ -13,10 +13,12 @@ import os
 import resource
 import sys
 import time
+import warnings
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from symfusion import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
@@ -27,6 +29,14 @@ from symfusion.errors import SymfusionError, as_symfusion_error
 # the output it was writing is not swapped in (outputs.py removes the temp; a previous result stays).
 INTERRUPTED = 130
 INTERRUPTED_LINE = "error: interrupted (Ctrl-C); nothing was written, a previous output is kept"
+# The running command's notes (and Python warnings): printed on stderr once it has succeeded, dropped with a
+# refusal, whose one `error:` line is then all that stderr holds.
+NOTES: list[str] = []
+
+
+def note(line: str) -> None:
+    """Say something about a command's run (an override, ...) on stderr, once the command has succeeded."""
+    NOTES.append(line)
 
 
 def error_line(error: BaseException) -> str | None:
@@ -46,12 +56,16 @@ def error_line(error: BaseException) -> str | None:
 def report_errors(command):
     """Run a stage; bad input and the system's errors end with one line on stderr and exit code 2 (error_line)."""
     def wrapper(cfg: DictConfig):
+        cached = len(marks.WRITTEN)
         try:
             return command(cfg)
         except Exception as error:      # noqa: BLE001 - translated when it is bad input or the system's; else raised
             line = error_line(error)
             if line is None:
                 raise
+            kept = marks.WRITTEN[cached:]      # caches are no outputs: what this run completed stays, for the next
+            if kept:
+                line += f" (kept {len(kept)} cache file(s) it completed, in {kept[0].parent})"
             print(line, file=sys.stderr)
             sys.exit(2)
     wrapper.__name__ = command.__name__
@@ -94,7 +108,7 @@ def match_command(cfg: DictConfig) -> None:
 
     name, matching = cfg.matching.name, _matching(cfg)
     if matching_config(name) != matching:
-        print(f"note: matching={name} overridden to {matching}", file=sys.stderr)
+        note(f"note: matching={name} overridden to {matching}")
     if matching.needs_data and not cfg.get("data_task"):
         raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
                              "the models solve)")
@@ -321,7 +335,13 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    command(cfg)
+    NOTES.clear()
+    with warnings.catch_warnings(record=True) as caught:    # a refusal (SystemExit) drops them with the notes
+        command(cfg)
+    for found in caught:
+        warnings.showwarning(found.message, found.category, found.filename, found.lineno)
+    for line in NOTES:
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -355,9 +375,12 @@ def entry(config_name: str, command):
     """A console-script main() for `command` with conf/<config_name>.yaml (in the warm worker when one serves)."""
     def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
+        notes = []
         try:
-            code = warm.run_in_worker(config_name, args)
+            code = warm.run_in_worker(config_name, args, notes)
             code = run_command(config_name, args) if code is None else code
+            for line in notes if code == 0 else ():       # a refusal's stderr is its one error line
+                print(line, file=sys.stderr)
         except KeyboardInterrupt:
             print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
             code = INTERRUPTED
@@ -421,6 +444,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     if os.path.lexists(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         print(f"error: {path} exists already, or its folder does not; the worker makes a new socket",
               file=sys.stderr)
+        sys.exit(2)
+    problem = warm.private_socket(path, server=True)
+    if problem:
+        print(f"error: {path}: {problem}; give a socket in a folder of your own (mkdtemp)", file=sys.stderr)
         sys.exit(2)
     keep_freed_memory()
     environment = dict(os.environ)

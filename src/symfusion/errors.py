@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import re
 
 from safetensors import SafetensorError
 
@@ -23,6 +24,9 @@ _ADVICE = {
 }
 
 
+_OS_ERROR = re.compile(r"os error (\d+)")     # how safetensors' Rust code names the system's errno
+
+
 def as_symfusion_error(error: BaseException) -> SymfusionError | None:
     """A one-line SymfusionError for an operating-system error (OSError: no space left, read-only folders,
     permissions, ...) or an unreadable safetensors file; None for anything else (a bug keeps its traceback)."""
@@ -34,5 +38,10 @@ def as_symfusion_error(error: BaseException) -> SymfusionError | None:
         return SymfusionError(f"{where}: {advice}" if where else f"{advice}".replace("\n", " "))
     if isinstance(error, SafetensorError):
         text = (str(error).strip().splitlines() or ["unreadable"])[0][:200]
+        system = _OS_ERROR.search(text)          # the writer's I/O failed (no space left, ...): the system's advice
+        if system and int(system.group(1)) in _ADVICE:
+            return SymfusionError(f"a safetensors file could not be written: {_ADVICE[int(system.group(1))]}")
+        if "serializ" in text.lower():
+            return SymfusionError(f"a safetensors file could not be written ({text})")
         return SymfusionError(f"a safetensors file could not be read ({text}); re-export the model")
     return None

@@ -21,7 +21,7 @@ from symfusion.pipeline.tasks.text_encoding import (copy_head, encode_examples, 
                                            text_loader)
 from symfusion.pipeline.text_metrics import get_metric
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, fit, linear_schedule, loader_options,
-                                remove_checkpoint, use_autocast)
+                                remove_checkpoint, training_run, use_autocast)
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -165,7 +165,7 @@ def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int,
                         base_model_record: dict | None = None, precision: str = "auto") -> dict:
     """Fine-tune base_model_dir on splits.splits["train"], keep the best epoch on "validation", save atomically."""
     _check_inputs(base_model_dir, splits, metric, epochs, batch_size)
-    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim:
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim, training_run(output_dir):
         return _finetune(claim, Path(output_dir), base_model_dir, splits, seed, epochs, batch_size, lr, weight_decay,
                          warmup_ratio, max_length, metric, eval_batch_size, resolved_config, base_model_record,
                          precision)
