@@ -15,7 +15,10 @@ transform.safetensors and match.json).
 from __future__ import annotations
 
 import copy
+import math
 import time
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
 from symfusion.families import check_compatible
-from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.measures import distance, model_outputs, probe_inputs
 from symfusion.modelio import write_json
@@ -49,28 +52,73 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
     activations or the loss (full_symmetry_learned; modules only).
     """
-    config = matching_config(matching) if isinstance(matching, str) else matching
+    config = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change, data)
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
     try:
-        if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-            return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
-        if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
-            return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers,
-                                  max_relative_output_change)
+        if isinstance(source, torch.nn.Module):
+            with _as_given(source, anchor):
+                return _align_modules(source, anchor, config, layers, last_layers, max_relative_output_change, data)
+        return _align_folders(Path(source), Path(anchor), output, config, layers, last_layers,
+                              max_relative_output_change)
     except Exception as error:          # noqa: BLE001 - the system's errors (no space left, ...) become one line
         translated = as_symfusion_error(error)
         if translated is None or translated is error:
             raise
         raise translated from error
-    raise SymfusionError(
-        f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and {type(anchor).__name__}"
-    )
+
+
+def _check_arguments(source, anchor, matching, output, layers, last_layers, tolerance, data) -> MatchConfig:
+    """align()'s arguments, each of its type (one SymfusionError line naming the first that is not); the MatchConfig."""
+    def refuse(name: str, value, wanted: str):
+        raise SymfusionError(f"align(): {name} must be {wanted}, got {type(value).__name__} {str(value)[:60]!r}")
+    folder, module = (str, Path), torch.nn.Module
+    if not (isinstance(source, module) and isinstance(anchor, module)
+            or isinstance(source, folder) and isinstance(anchor, folder)):
+        raise SymfusionError(f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and "
+                             f"{type(anchor).__name__}")
+    if not isinstance(matching, (str, MatchConfig)):
+        refuse("matching", matching, "the name of a matching variant or a MatchConfig")
+    if output is not None and not isinstance(output, folder):
+        refuse("output", output, "a folder path (str or Path) or None")
+    if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
+                               or not all(_is_index(i) for i in layers)):
+        refuse("layers", layers, "a list of layer indices (integers >= 0) or None")
+    if last_layers is not None and not _is_index(last_layers):
+        refuse("last_layers", last_layers, "an integer >= 0 or None")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) \
+            or tolerance <= 0:
+        refuse("max_relative_output_change", tolerance, "a finite number > 0")
+    if data is not None and (not isinstance(data, (list, tuple)) or not all(isinstance(b, Mapping) for b in data)):
+        refuse("data", data, "a list of batches (dicts of model inputs) or None")
+    if data is not None and not isinstance(source, module):
+        refuse("data", data, "None for model folders (data-driven matching reads loaded modules)")
+    return matching_config(matching) if isinstance(matching, str) else matching
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@contextmanager
+def _as_given(*modules: torch.nn.Module):
+    """The caller's modules come back as they went in: every submodule's train/eval mode and every parameter's
+    requires_grad (align() runs them in eval mode, under no_grad, and never writes their weights)."""
+    modes = [(m, m.training) for module in modules for m in module.modules()]
+    grads = [(p, p.requires_grad) for module in modules for p in module.parameters()]
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
 
 
 def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tolerance: float, data=None):
-    check_compatible(source.config, anchor.config)
+    notes = check_compatible(source.config, anchor.config)
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
     # rotate in at least float32: half-precision weights are moved in float32 and rounded once when stored
     state = {k: v.float() if v.is_floating_point() and v.dtype in (torch.float16, torch.bfloat16) else v
@@ -105,7 +153,7 @@ def _align_modules(source, anchor, config: MatchConfig, layers, last_layers, tol
         "distance_after": after_dist["total"], "distance_before_by_module": before_dist,
         "distance_after_by_module": after_dist, "relative_output_change": change, "tolerance": limit,
         "seconds": seconds, "seconds_by_stage": result.seconds, "transform": result.transform,
-        "residual": result.residual,
+        "residual": result.residual, "notes": notes,
     }
     return matched.eval(), report
 
@@ -123,7 +171,7 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, laye
             raise SymfusionError(f"{name}={path}: no such directory")
     if not output:
         raise SymfusionError("align() of two folders needs output=DIR (where the matched folder is written)")
-    start = time.perf_counter()
+    start, noted = time.perf_counter(), len(NOTES)
     # the same rules as symfusion-match: a new folder, or a previous matched folder; never an input
     with safe_output(output, "symfusion.align", MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
@@ -138,7 +186,7 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, laye
                                                         max_relative_output_change=tolerance, tmp=tmp)
             report.update({"source": str(source), "anchor": str(anchor), "output": str(output),
                            "matching_config": asdict(config), "seconds": time.perf_counter() - start,
-                           "provenance": provenance(None)})
+                           "notes": list(dict.fromkeys(NOTES[noted:])), "provenance": provenance(None)})
             transform.save(tmp / "transform.safetensors")
             write_json(report, tmp / "match.json")
     report["transform"] = transform

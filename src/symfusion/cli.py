@@ -13,7 +13,6 @@ import os
 import resource
 import sys
 import time
-import warnings
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -23,20 +22,12 @@ from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
 from symfusion.config import (check_values, choice, compose_config, flag, integer, listing, mapping,
                               number, text)
-from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, note, said_on_success
 
 # The exit code of a command stopped by Ctrl-C (SIGINT), as a shell reports a process killed by it, and its line:
 # the output it was writing is not swapped in (outputs.py removes the temp; a previous result stays).
 INTERRUPTED = 130
 INTERRUPTED_LINE = "error: interrupted (Ctrl-C); nothing was written, a previous output is kept"
-# The running command's notes (and Python warnings): printed on stderr once it has succeeded, dropped with a
-# refusal, whose one `error:` line is then all that stderr holds.
-NOTES: list[str] = []
-
-
-def note(line: str) -> None:
-    """Say something about a command's run (an override, ...) on stderr, once the command has succeeded."""
-    NOTES.append(line)
 
 
 def error_line(error: BaseException) -> str | None:
@@ -64,9 +55,8 @@ def report_errors(command):
             if line is None:
                 raise
             kept = marks.WRITTEN[cached:]      # caches are no outputs: what this run completed stays, for the next
-            if kept:
-                line += f" (kept {len(kept)} cache file(s) it completed, in {kept[0].parent})"
-            print(line, file=sys.stderr)
+            print(line + (f" (kept {len(kept)} cache file(s) it completed, in {kept[0].parent})" if kept else ""),
+                  file=sys.stderr)
             sys.exit(2)
     wrapper.__name__ = command.__name__
     wrapper.__doc__ = command.__doc__
@@ -335,13 +325,8 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    NOTES.clear()
-    with warnings.catch_warnings(record=True) as caught:    # a refusal (SystemExit) drops them with the notes
+    with said_on_success(sys.stderr):       # notes and warnings, after the result; a refusal's line alone
         command(cfg)
-    for found in caught:
-        warnings.showwarning(found.message, found.category, found.filename, found.lineno)
-    for line in NOTES:
-        print(line, file=sys.stderr)
     return 0
 
 
@@ -375,12 +360,9 @@ def entry(config_name: str, command):
     """A console-script main() for `command` with conf/<config_name>.yaml (in the warm worker when one serves)."""
     def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
-        notes = []
         try:
-            code = warm.run_in_worker(config_name, args, notes)
+            code = warm.run_in_worker(config_name, args, NOTES)     # a note that it did not: said on success
             code = run_command(config_name, args) if code is None else code
-            for line in notes if code == 0 else ():       # a refusal's stderr is its one error line
-                print(line, file=sys.stderr)
         except KeyboardInterrupt:
             print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
             code = INTERRUPTED
@@ -441,13 +423,9 @@ def worker_main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     path = args[0]
-    if os.path.lexists(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        print(f"error: {path} exists already, or its folder does not; the worker makes a new socket",
-              file=sys.stderr)
-        sys.exit(2)
-    problem = warm.private_socket(path, server=True)
+    problem = "it exists already" if os.path.lexists(path) else warm.private_socket(path, server=True)
     if problem:
-        print(f"error: {path}: {problem}; give a socket in a folder of your own (mkdtemp)", file=sys.stderr)
+        print(f"error: {path}: {problem}; the worker makes a new socket in a folder of your own", file=sys.stderr)
         sys.exit(2)
     keep_freed_memory()
     environment = dict(os.environ)

@@ -25,13 +25,15 @@ from typing import Iterable, Mapping
 import torch
 import transformers
 from safetensors import SafetensorError, safe_open
+from transformers.core_model_loading import revert_weight_conversion
 
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
-from symfusion.families import check_compatible
+from symfusion.families import check_compatible, family_spec
 from symfusion.errors import SymfusionError
 from symfusion.folder import INDEX, SINGLE, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.modelio import copy_auxiliary_files, load_config, model_class
+from symfusion.measures import model_outputs, probe_inputs
+from symfusion.modelio import check_fits_config, copy_auxiliary_files, load_config, model_class, skeleton
 from symfusion.symmetry import Transform, apply_transform
 
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -62,6 +64,7 @@ class ShardedFolder:
         self.config = load_config(self.path)
         self.weight_map, self.index_metadata = weight_map(self.path)
         self._handles = {}
+        self.model_class = model_class(self.config, self.weight_map)   # the class whose tensors the folder holds
         check_fits_config(self.config, self.meta_state(), self.path)
 
     def handle(self, shard: str):
@@ -106,31 +109,6 @@ class ShardedFolder:
             check_finite({key: tensor}, f"model {self.path}")
             out[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
         return out
-
-
-def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path) -> None:
-    """Refuse (one line) a folder whose tensors disagree with what its config.json builds: a shape, or an
-    integer dtype where the model has a floating-point parameter (the rule modelio.load_model applies)."""
-    cls = model_class(config)
-    try:
-        with torch.device("meta"):
-            skeleton = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
-    except Exception as error:  # noqa: BLE001 - a config that transformers cannot build is a bad input
-        raise SymfusionError(f"{path}/config.json does not describe a model transformers can build "
-                             f"({first_line(error)}); re-export the model") from error
-    prefix = getattr(skeleton, "base_model_prefix", "") or ""
-    for name, expected in skeleton.state_dict().items():
-        candidates = (name, f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None)
-        key = next((c for c in candidates if c and c in state), None)
-        if key is None:
-            continue                    # tied weights, or a layer's missing tensor (named by the block check)
-        found = state[key]
-        if tuple(found.shape) != tuple(expected.shape):
-            raise SymfusionError(f"checkpoint {path} stores {key!r} with shape {tuple(found.shape)}, but its "
-                                 f"config.json implies {tuple(expected.shape)}; the checkpoint and its config disagree")
-        if expected.is_floating_point() and not found.is_floating_point():
-            raise SymfusionError(f"checkpoint {path} stores {key!r} as {found.dtype}, not a floating-point type; "
-                                 "re-export the model")
 
 
 class ShardWriter:
@@ -240,13 +218,27 @@ def check_shard_names(source: ShardedFolder) -> None:
 
 
 def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch.Tensor]) -> None:
-    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose
-    tensors differ in shape from the anchor's tensors of the same name."""
+    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose body
+    tensors differ in shape from the anchor's tensors of the same name (task heads may: other label counts)."""
     check_shard_names(source)
-    for key, tensor in source.meta_state().items():
-        if key in anchor_meta and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
+    spec = family_spec(source.config)
+    meta = source.meta_state()
+    heads = set(spec.head_keys(meta)) if spec.body_keys(meta) else set()          # a bare model is all body
+    for key, tensor in meta.items():
+        if key in anchor_meta and key not in heads and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
             raise SymfusionError(f"source and anchor differ in {key!r} ({tuple(tensor.shape)} vs "
                                  f"{tuple(anchor_meta[key].shape)}); they are not models of one architecture")
+
+
+def renamed_tensors(folder: ShardedFolder) -> tuple[str, str] | None:
+    """(a stored name, the module's name for it) when transformers renames the folder's tensors on load (ViT's
+    attention.attention.query is attention.q_proj), else None."""
+    model = skeleton(folder.config, folder.model_class)
+    state = model.state_dict()
+    names = {id(t): k for k, t in state.items()}
+    renamed = [(s, names[id(t)]) for s, t in revert_weight_conversion(model, dict(state)).items()
+               if names.get(id(t), s) != s and s in folder.weight_map]
+    return renamed[0] if renamed else None
 
 
 def _layer_prefix(layout: ModelLayout, index: int) -> str:
@@ -304,11 +296,13 @@ def match_folders(
             writers[shard_of[key]].write(key, stored[key])
         done.update(keys)
         transform.layers.update(result.transform.layers)
+    anc_shapes = {k for k, t in anc.meta_state().items() if tuple(t.shape) == tuple(src_meta[k].shape)
+                  if k in src_meta}                              # a head of another size is compared with nothing
     for shard, keys in src.shards().items():                     # everything else is copied as it is
         for key in (k for k in keys if k not in done):
             tensor = src.read([key])[key]
             writers[shard].write(key, tensor)
-            if tensor.is_floating_point() and key in anc.weight_map:  # counts in both distances alike
+            if tensor.is_floating_point() and key in anc.weight_map and key in anc_shapes:   # in both distances alike
                 part = (tensor.double() - anc.read([key])[key].double()).pow(2).sum().item()
                 for side in squared.values():
                     side["other"] = side.get("other", 0.0) + part
@@ -331,6 +325,11 @@ def open_pair(source: str | Path, anchor: str | Path) -> tuple[ShardedFolder, Sh
     """(source folder, anchor folder, the source's meta state, its layout): one architecture, writable alike."""
     src, anc = ShardedFolder(source), ShardedFolder(anchor)
     check_compatible(src.config, anc.config)
+    renamed = renamed_tensors(src)
+    if renamed:
+        raise SymfusionError(f"{src.path} stores its tensors under other names than transformers' modules use "
+                             f"({renamed[0]} for {renamed[1]}), which folder matching reads as stored; match it with "
+                             "symfusion-match, or align() the loaded modules")
     src_meta, anc_meta = src.meta_state(), anc.meta_state()
     check_writable_layout(src, anc_meta)
     layout = layout_of(src.config, src_meta)
@@ -386,16 +385,14 @@ def _abort(writers: Mapping[str, ShardWriter]) -> None:
 
 
 def whole_model_change(source: Path, matched: Path, seq_len: int = 16) -> float:
-    """max |logits_matched - logits_source| / max |logits_source| on random token ids, both loaded by transformers."""
+    """max |out_matched - out_source| / max |out_source| on probe inputs (token ids or pixels), both folders loaded
+    by transformers with the class whose tensors they hold: logits where the model has a head."""
     config = load_config(source)
-    ids = torch.randint(0, config.vocab_size, (2, seq_len), generator=torch.Generator().manual_seed(0))
+    inputs = probe_inputs(config, batch_size=2, seq_len=seq_len)
     outputs = []
     for folder in (source, matched):
-        model = model_class(config).from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
-                                                    trust_remote_code=False).eval()
-        with torch.no_grad():
-            result = model(input_ids=ids)       # a bare model (config without architectures): its hidden states
-            outputs.append(result.logits if getattr(result, "logits", None) is not None else result.last_hidden_state)
+        cls = model_class(config, weight_map(folder)[0])        # with its head, whatever `architectures` says
+        model = cls.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True, trust_remote_code=False)
+        outputs.append(model_outputs(model, inputs))           # a bare model (no head): its hidden states
         del model
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()
-

@@ -9,7 +9,7 @@ import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.matching import MatchConfig, MatchData, match_models
-from symfusion.measures import distance
+from symfusion.measures import distance, probe_length
 from symfusion.modelio import copy_auxiliary_files, write_json
 from symfusion.outputs import folder_marker, safe_output
 from symfusion.provenance import provenance
@@ -42,13 +42,14 @@ def run_match(
     data_task: the task whose statistic batches a data-driven matching reads (matching.needs_data)."""
     source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
     with safe_output(output, "symfusion-match", MATCH_MARKER, inputs=[source_dir, anchor_dir], is_dir=True) as claim:
-        model, anchor_model = load_models([str(source_dir), str(anchor_dir)], same_shapes=False)
+        model, anchor_model = load_models([str(source_dir), str(anchor_dir)], same_shapes=False, use="match")
         source_state, anchor_state = model.state_dict(), anchor_model.state_dict()
         layout, anchor_layout = layout_of(model.config, source_state), layout_of(anchor_model.config, anchor_state)
         check_same_layout(layout, anchor_layout)
         check_same_body(model, anchor_model, source_dir, anchor_dir)
         matched_layers = resolve_layers(layout.num_layers, layers, last_layers)
 
+        probe_len = probe_length(model.config, probe_len)       # never past the model's position table
         data = None
         if data_task is not None:
             data_task.check_model(model, str(source_dir))
@@ -77,6 +78,7 @@ def run_match(
             "distance_before": before_dist["total"], "distance_after": after_dist["total"],
             "distance_before_by_module": before_dist, "distance_after_by_module": after_dist,
             "max_output_change": change, "relative_output_change": relative,
+            "probe": {"batch_size": probe_batch, "seq_len": probe_len, "seed": seed},
             "scales": _scale_summary(result.transform), "residual": result.residual,
             "data": None if data is None else {"task": data_task.name, "batches": len(data.batches)},
             "seconds": seconds, "seconds_by_stage": result.seconds,

@@ -35,7 +35,7 @@ MODELS_MARKER = folder_marker("models.json", ("models", "multi"))
 
 def load_group(model_dirs: list[str]):
     """(dirs, models, states, layout) for k >= 2 compatible, finite model folders."""
-    models = load_models(model_dirs)            # existence, compatibility, finiteness, equal shapes
+    models = load_models(model_dirs, use="match")   # existence, compatibility, finiteness, equal shapes
     dirs = [Path(p) for p in model_dirs]
     states = [m.state_dict() for m in models]
     layouts = [layout_of(m.config, s) for m, s in zip(models, states)]

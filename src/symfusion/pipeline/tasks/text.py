@@ -12,6 +12,7 @@ import transformers
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
+from symfusion.families import token_limit
 from symfusion.modelio import compute_device, load_tokenizer, to_device, write_json
 from symfusion.outputs import safe_output
 from symfusion.pipeline.packing import padding_free, token_maps
@@ -68,6 +69,10 @@ class TextTask(Task):
         """Also refuse (one line) a model whose vocabulary the token ids of model_dir's tokenizer would overrun
         (in evaluation and in the statistic batches of Fisher, RegMean and OT merges)."""
         super().check_model(model, where)
+        limit = token_limit(model.config)
+        if limit is not None and int(self.cfg.max_length) > limit:
+            raise SymfusionError(f"task {self.name} reads up to max_length={self.cfg.max_length} tokens, but {where} "
+                                 f"holds {limit} (its max_position_embeddings); lower task.max_length")
         vocabulary = getattr(model.config, "vocab_size", None)
         if model_dir is not None and vocabulary is not None and len(load_tokenizer(model_dir)) > vocabulary:
             raise SymfusionError(f"the tokenizer of {model_dir} has {len(load_tokenizer(model_dir))} tokens, the "
