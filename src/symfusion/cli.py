@@ -275,7 +275,7 @@ CHECKS = {
     "train": {"output": PATH, "seed": integer(0), "threads": integer(1, optional=True), "precision": PRECISION,
               **TASK_CHECKS},
     "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
-              "last_layers": integer(0, optional=True), "seed": integer(0), "probe.batch_size": integer(1),
+              "last_layers": integer(0, optional=True), "seed": integer(0), "probe.batch_size": integer(1, high=1024),
               "probe.seq_len": integer(1), "max_relative_output_change": number(0, strict_low=True),
               "data_task": text(optional=True), "data_batches": integer(1), **MATCHING_CHECKS},
     "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),

@@ -143,9 +143,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer(low: int | None = None, optional: bool = False) -> Check:
-    bound = f" >= {low}" if low is not None else ""
-    return Check(f"an integer{bound}", lambda v: _is_int(v) and (low is None or v >= low), optional)
+def integer(low: int | None = None, optional: bool = False, high: int | None = None) -> Check:
+    bound = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    return Check(f"an integer{bound}", lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high),
+                 optional)
 
 
 def number(low: float | None = None, high: float | None = None, strict_low: bool = False,

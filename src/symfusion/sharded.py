@@ -16,6 +16,7 @@ added when the model is small enough to load twice.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import shutil
@@ -230,6 +231,17 @@ def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch
                                  f"{tuple(anchor_meta[key].shape)}); they are not models of one architecture")
 
 
+def block_inputs(folder: ShardedFolder) -> list[str]:
+    """The inputs a layer's block requires besides its hidden states (DeBERTa's attention_mask, relative positions),
+    which BlockCheck does not give: [] when it runs on hidden states (and rotary position embeddings) alone."""
+    name = family_spec(folder.config).modules["layer"].format(i=0).rstrip(".")
+    layer = next(m for path, m in skeleton(folder.config, folder.model_class).named_modules()
+                 if path == name or path.endswith("." + name))
+    parameters = list(inspect.signature(layer.forward).parameters.values())[1:]
+    return [p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name != "position_embeddings"]
+
+
 def renamed_tensors(folder: ShardedFolder) -> tuple[str, str] | None:
     """(a stored name, the module's name for it) when transformers renames the folder's tensors on load (ViT's
     attention.attention.query is attention.q_proj), else None."""
@@ -325,6 +337,11 @@ def open_pair(source: str | Path, anchor: str | Path) -> tuple[ShardedFolder, Sh
     """(source folder, anchor folder, the source's meta state, its layout): one architecture, writable alike."""
     src, anc = ShardedFolder(source), ShardedFolder(anchor)
     check_compatible(src.config, anc.config)
+    needs = block_inputs(src)
+    if needs:
+        raise SymfusionError(f"folder matching checks each layer's block on hidden states alone, but a "
+                             f"{src.config.model_type} layer also reads {needs[0]!r}; match it with symfusion-match, "
+                             "or align() the loaded modules")
     renamed = renamed_tensors(src)
     if renamed:
         raise SymfusionError(f"{src.path} stores its tensors under other names than transformers' modules use "

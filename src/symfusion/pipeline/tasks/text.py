@@ -68,11 +68,11 @@ class TextTask(Task):
     def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
         """Also refuse (one line) a model whose vocabulary the token ids of model_dir's tokenizer would overrun
         (in evaluation and in the statistic batches of Fisher, RegMean and OT merges)."""
-        super().check_model(model, where)
         limit = token_limit(model.config)
         if limit is not None and int(self.cfg.max_length) > limit:
             raise SymfusionError(f"task {self.name} reads up to max_length={self.cfg.max_length} tokens, but {where} "
                                  f"holds {limit} (its max_position_embeddings); lower task.max_length")
+        super().check_model(model, where)
         vocabulary = getattr(model.config, "vocab_size", None)
         if model_dir is not None and vocabulary is not None and len(load_tokenizer(model_dir)) > vocabulary:
             raise SymfusionError(f"the tokenizer of {model_dir} has {len(load_tokenizer(model_dir))} tokens, the "
