@@ -52,7 +52,8 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
     activations or the loss (full_symmetry_learned; modules only).
     """
-    config = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change, data)
+    config, layers = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change,
+                                      data)
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
@@ -69,22 +70,25 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
         raise translated from error
 
 
-def _check_arguments(source, anchor, matching, output, layers, last_layers, tolerance, data) -> MatchConfig:
-    """align()'s arguments, each of its type (one SymfusionError line naming the first that is not); the MatchConfig."""
+def _check_arguments(source, anchor, matching, output, layers, last_layers, tolerance, data) -> tuple:
+    """align()'s arguments, each of its type (one SymfusionError line naming the first that is not); (the
+    MatchConfig, the layer indices as a list or None)."""
     def refuse(name: str, value, wanted: str):
         raise SymfusionError(f"align(): {name} must be {wanted}, got {type(value).__name__} {str(value)[:60]!r}")
     folder, module = (str, Path), torch.nn.Module
     if not (isinstance(source, module) and isinstance(anchor, module)
             or isinstance(source, folder) and isinstance(anchor, folder)):
-        raise SymfusionError(f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and "
-                             f"{type(anchor).__name__}")
+        raise SymfusionError(f"align(): source and anchor must be two nn.Modules or two model folders, got "
+                             f"{type(source).__name__} and {type(anchor).__name__}")
     if not isinstance(matching, (str, MatchConfig)):
         refuse("matching", matching, "the name of a matching variant or a MatchConfig")
     if output is not None and not isinstance(output, folder):
         refuse("output", output, "a folder path (str or Path) or None")
-    if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)
-                               or not all(_is_index(i) for i in layers)):
-        refuse("layers", layers, "a list of layer indices (integers >= 0) or None")
+    if layers is not None:
+        listed = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes, Mapping)) else None
+        if listed is None or not all(_is_index(i) for i in listed):
+            refuse("layers", layers, "a list of layer indices (integers >= 0) or None")
+        layers = listed
     if last_layers is not None and not _is_index(last_layers):
         refuse("last_layers", last_layers, "an integer >= 0 or None")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) \
@@ -94,7 +98,7 @@ def _check_arguments(source, anchor, matching, output, layers, last_layers, tole
         refuse("data", data, "a list of batches (dicts of model inputs) or None")
     if data is not None and not isinstance(source, module):
         refuse("data", data, "None for model folders (data-driven matching reads loaded modules)")
-    return matching_config(matching) if isinstance(matching, str) else matching
+    return (matching_config(matching) if isinstance(matching, str) else matching), layers
 
 
 def _is_index(value) -> bool:
