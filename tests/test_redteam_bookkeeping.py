@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from symfusion import cli, marks
+from symfusion import marks
 from symfusion.errors import SymfusionError
 from hostile import (COMMANDS, NON_WRITERS, build_world, console_scripts, leftovers, outcome, snapshot)
 
@@ -333,7 +333,7 @@ def test_the_hub_lock_file_is_never_written_through_a_planted_name(tmp_path):
     assert revisions._record(lock, "model org/x@main", "1" * 40) == "1" * 40 and marks.is_own(lock)
 
 
-def test_the_warm_worker_serves_only_from_a_folder_of_its_own(tmp_path, monkeypatch, capsys):
+def test_the_warm_worker_serves_only_from_a_folder_of_its_own(tmp_path, monkeypatch):
     """A socket in a folder others may write (where another user could replace it and receive every job's streams
     and environment) is refused by symfusion-worker in one line and never used by a command; the worker removes
     only its own socket."""
@@ -342,20 +342,26 @@ def test_the_warm_worker_serves_only_from_a_folder_of_its_own(tmp_path, monkeypa
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    with pytest.raises(SystemExit) as stop:
-        cli.worker_main([str(shared / "socket")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1 and "folder" in err[0] and not (shared / "socket").exists()
+    try:                                           # its own process: a worker that served would serve on
+        refused = subprocess.run([sys.executable, "-c", "from symfusion.cli import worker_main as m; m()",
+                                  str(shared / "socket")], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    except subprocess.TimeoutExpired:
+        pytest.fail("symfusion-worker served on a socket in a folder others may write")
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1 and "folder" in err[0] and not (shared / "socket").exists()
     planted = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     planted.bind(str(shared / "socket"))
     planted.listen(1)
     monkeypatch.setenv(warm.VARIABLE, str(shared / "socket"))
+    socket.setdefaulttimeout(10)                  # a client that did connect would wait for the planted socket's reply
     try:
         assert warm.run_in_worker("match", []) is None          # not connected: the command runs in its own process
         planted.setblocking(False)
         with pytest.raises(BlockingIOError):
             planted.accept()
     finally:
+        socket.setdefaulttimeout(None)
         planted.close()
     own = tmp_path / "own"
     own.mkdir(mode=0o700)

@@ -142,3 +142,24 @@ def test_a_text_task_longer_than_the_models_positions_is_one_line():
         max_position_embeddings=16))
     with pytest.raises(symfusion.errors.SymfusionError, match="max_length=64 tokens, but the model holds 16"):
         task.check_model(model)
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_a_claim_whose_tensor_is_missing_costs_nothing(pairs, tmp_path, family):
+    """The largest tensor removed and every size claim huge: transformers used to allocate the claimed tensor
+    (12.8 GB for a BERT vocabulary of 10^8) before refusing it; now the headers refuse it first, within bounds."""
+    from safetensors.torch import load_file, save_file
+
+    for side in ("anchor", "source"):
+        shutil.copytree(pairs / family / side, tmp_path / side)
+        state = load_file(str(tmp_path / side / "model.safetensors"))
+        del state[max(state, key=lambda k: state[k].numel())]
+        save_file(state, str(tmp_path / side / "model.safetensors"), metadata={"format": "pt"})
+        config = json.loads((tmp_path / side / "config.json").read_text())
+        config.update({k: HUGE for k in ("vocab_size", "image_size", "intermediate_size", "n_inner") if k in config})
+        (tmp_path / side / "config.json").write_text(json.dumps(config))
+    for name, call in entry_points(tmp_path / "anchor", tmp_path / "source", tmp_path / "out").items():
+        before = snapshot(tmp_path, tmp_path / "out")
+        code, text = bounded(call)
+        assert_refused(code, text, tmp_path, before, tmp_path / "out" / ("aligned" if name == "align" else "m"),
+                       f"{family} through {name}")

@@ -308,13 +308,13 @@ def match_folders(
             writers[shard_of[key]].write(key, stored[key])
         done.update(keys)
         transform.layers.update(result.transform.layers)
-    anc_shapes = {k for k, t in anc.meta_state().items() if tuple(t.shape) == tuple(src_meta[k].shape)
-                  if k in src_meta}                              # a head of another size is compared with nothing
+    anc_shapes = {k for k, t in anc.meta_state().items()         # a head of another size is compared with nothing
+                  if k in src_meta and tuple(t.shape) == tuple(src_meta[k].shape)}
     for shard, keys in src.shards().items():                     # everything else is copied as it is
         for key in (k for k in keys if k not in done):
             tensor = src.read([key])[key]
             writers[shard].write(key, tensor)
-            if tensor.is_floating_point() and key in anc.weight_map and key in anc_shapes:   # in both distances alike
+            if tensor.is_floating_point() and key in anc_shapes:   # counts in both distances alike
                 part = (tensor.double() - anc.read([key])[key].double()).pow(2).sum().item()
                 for side in squared.values():
                     side["other"] = side.get("other", 0.0) + part
