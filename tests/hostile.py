@@ -5,6 +5,8 @@ Every mutation takes a copy of a good save_pretrained folder (single file or sha
 a careless or hostile user could, and returns nothing; MUTATIONS names them by class. `outcome` runs one
 call and says how it ended; `assert_refused` checks what a refusal must leave: exit 2 (or SymfusionError),
 exactly one `error:` line, no traceback, nothing outside the output changed, no output, no lock or temp.
+`build_world` and COMMANDS give every writing entry point (each console script of pyproject.toml and its modes,
+and align()) with good inputs and the outputs it writes: the class harnesses of issue 36 run them all.
 """
 from __future__ import annotations
 

@@ -133,3 +133,15 @@ def test_a_failed_command_names_the_cache_files_it_completed(tmp_path, monkeypat
     kept = marks.WRITTEN[written:]
     assert kept and f"kept {len(kept)} cache file(s) it completed, in {cache}" in lines[0], lines[0]
     assert not out.exists() and leftovers(out) == [] and sorted(cache.iterdir()) == sorted(set(kept))
+
+
+def test_a_merge_writes_one_kind_of_output(world, tmp_path):
+    """symfusion-merge given both a model folder (output=) and an evaluation folder (eval_dir=) without methods=
+    used to write the folder and ignore eval_dir: one line, neither written."""
+    from hostile import assert_refused
+
+    out, evals = tmp_path / "merged", tmp_path / "evals"
+    before = snapshot(tmp_path)
+    code, text = outcome(lambda: cli.merge_main(["task=digits", "fusion=simple", f"models=[{world / 'vit_a'},"
+                                                 f"{world / 'vit_b'}]", f"output={out}", f"eval_dir={evals}"]))
+    assert "eval_dir" in assert_refused(code, text, tmp_path, before, out) and not evals.exists()

@@ -163,8 +163,9 @@ def merge_command(cfg: DictConfig) -> None:
             print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
                   f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
         return
-    if cfg.client != "symfusion":
-        raise SymfusionError(f"client={cfg.client} merges with methods=[simple] eval_dir=DIR (evaluated in place)")
+    if cfg.client != "symfusion" or cfg.get("eval_dir"):     # one command, one kind of output: never both
+        raise SymfusionError(f"client={cfg.client} and eval_dir=DIR go with methods=[..] (merged and evaluated in "
+                             "place, no model folder); a merged model folder: fusion=METHOD output=DIR")
     report = run_merge(_container(cfg.models), _container(cfg.fusion), _task(cfg), cfg.output, _resolved(cfg),
                        tasks=tasks, precision=cfg.precision, statistics=_container(cfg.get("statistics")))
     print(f"merged {len(report['models'])} models with {report['method']} "
