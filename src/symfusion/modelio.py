@@ -210,7 +210,7 @@ def check_fits_config(config, state, path: Path, complete: bool = False, cls=Non
         key = next((c for c in candidates if c and c in state), None)
         if key is None:
             if complete and name in parameters and not any(p.search(name) for p in ignored):
-                raise SymfusionError(f"checkpoint {path} lacks {name!r} ({tuple(expected.shape)}) for "
+                raise SymfusionError(f"checkpoint {path} lacks tensors ({name}, {tuple(expected.shape)}) for "
                                      f"{type(model).__name__} as its config.json describes it; the checkpoint and its "
                                      "config disagree")
             continue                    # tied weights, or a layer's missing tensor (named by the block check)
