@@ -35,7 +35,7 @@ from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import (activation_cross, gauge_gains, residual_cross, residual_group,
                                          solve_residual)
 from symfusion.measures import distance, squared_difference
-from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout
+from symfusion.stream import StreamLayout, comparable, fold_norms, foldable, rotate_stream, stream_layout
 from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks, apply_transform
 
 MAX_ITERATIONS = 50
@@ -133,7 +133,9 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
                              "or loss: give data (symfusion-match task=NAME, or align(..., data=...))")
     clock = StageClock()
     stream = stream_layout(layout, source, tied)
-    group = residual_group(stream, config.residual, layout.family)
+    anchor = comparable(source, anchor)                          # preconditions: heads of other sizes, norms to fold
+    stream, kind = foldable(stream, config.residual, [layout.canonical(source), layout.canonical(anchor)])
+    group = residual_group(stream, kind, layout.family)
     fs = fold_norms(layout.canonical(source), stream.folds)
     fa = fold_norms(layout.canonical(anchor), stream.folds)
     fa.pop(stream.tied_copy, None)                       # the embeddings count once in every distance and product
