@@ -5,6 +5,8 @@ Every mutation takes a copy of a good save_pretrained folder (single file or sha
 a careless or hostile user could, and returns nothing; MUTATIONS names them by class. `outcome` runs one
 call and says how it ended; `assert_refused` checks what a refusal must leave: exit 2 (or SymfusionError),
 exactly one `error:` line, no traceback, nothing outside the output changed, no output, no lock or temp.
+`build_world` and COMMANDS give every writing entry point (each console script of pyproject.toml and its modes,
+and align()) with good inputs and the outputs it writes: the class harnesses of issue 36 run them all.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
+from symfusion.pipeline.report.registry import KIND_FILES
 
 INDEX = "model.safetensors.index.json"
 
@@ -332,3 +336,87 @@ ACCEPTED = [float64_weight, config_bogus_architecture]
 def applicable(mutation, folder: Path) -> bool:
     """Whether `mutation` makes sense for the folder (index mutations need a sharded folder)."""
     return not getattr(mutation, "needs_index", False) or (folder / INDEX).exists()
+
+
+# ---------------------------------------------------------------- every writing entry point, with good inputs
+
+def build_world(root: Path) -> Path:
+    """Good inputs for every writing command (COMMANDS): ViT pairs for the digits task, BERT and sharded Llama pairs,
+    evaluation and barrier results for symfusion-report. Returns `root`."""
+    import transformers as tf
+    from test_report_figures import barrier_result
+    from test_vision_stages import merged_evaluation_files
+    from tiny_decoders import tiny_decoder
+    from tiny_models import randomize, tiny_model
+
+    vit = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16,
+                       num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+    for seed in (0, 1):
+        randomize(tf.ViTForImageClassification(vit), seed).save_pretrained(str(root / f"vit_{'ab'[seed]}"))
+        tiny_model("bert", seed=seed + 1).save_pretrained(str(root / f"bert_{'ab'[seed]}"))
+        tiny_decoder("llama", seed=seed, num_key_value_heads=2).save_pretrained(str(root / f"llama_{'ab'[seed]}"),
+                                                                                max_shard_size="40KB")
+    (root / "evals").mkdir()
+    from symfusion.pipeline.report.registry import experiment
+    merged_evaluation_files(root / "evals", {m: 0.5 + 0.02 * i for i, m in
+                                             enumerate(experiment("table2").matchings("merged_evals"))})
+    for seed, (matching, bump) in enumerate((("none", 1.0), ("rotation", 0.2), ("attn_only", 0.9))):
+        barrier_result(root, matching, root / "matched" / matching, bump=bump, seed=seed)
+    return root
+
+
+def _report(name: str, suffix: str):
+    def command(world: Path, out: Path):
+        inputs = sorted(str(p) for p in (world / ("evals" if name == "table2" else "barrier")).glob("*.json"))
+        output = out / f"{name}{suffix}"
+        return (lambda: cli.report_main([f"artefact={name}", f"inputs=[{','.join(inputs)}]", f"output={output}"]),
+                [output.with_suffix(s) for s in KIND_FILES["table" if suffix == ".csv" else "figure"]])
+    return command
+
+
+def _cli(main: str, outputs: list[str], *args: str):
+    """A command of symfusion.pipeline.cli: `args` with {world} and {out} filled in, writing `outputs` (relative to out)."""
+    def command(world: Path, out: Path):
+        argv = [a.format(world=world, out=out) for a in args]
+        return (lambda: getattr(cli, main)(argv)), [out / o for o in outputs]
+    return command
+
+
+DIGITS = ("task=digits", "task.limit={{train: 128, validation: 64, test: 64}}")   # (braces doubled: format)
+# Entry point -> command(world, out) -> (a call, the outputs it writes); one entry per [project.scripts] writer and
+# per mode of a command that writes other outputs (symfusion-merge eval_dir, symfusion-report's kinds), and align().
+COMMANDS = {
+    "symfusion-data": _cli("data_main", ["data.json"], *DIGITS, "output={out}/data.json"),
+    "symfusion-train": _cli("train_main", ["model"], *DIGITS, "model=vit_smoke", "task.train.epochs=1",
+                            "task.train.batch_size=32", "output={out}/model"),
+    "symfusion-match": _cli("match_main", ["matched"], "source={world}/bert_b", "anchor={world}/bert_a",
+                            "output={out}/matched"),
+    "symfusion-merge": _cli("merge_main", ["merged"], *DIGITS, "fusion=fisher", "fusion.num_batches=1",
+                            "models=[{world}/vit_a,{world}/vit_b]", "output={out}/merged"),
+    "symfusion-merge eval_dir": _cli("merge_main", ["evals/simple.json", "evals/fisher.json"], *DIGITS,
+                                     "methods=[simple,fisher]", "method_options={{fisher: {{num_batches: 1}}}}",
+                                     "models=[{world}/vit_a,{world}/vit_b]", "eval_dir={out}/evals"),
+    "symfusion-statistics": _cli("statistics_main", ["stats.safetensors"], *DIGITS, "model_dir={world}/vit_a",
+                                 "methods=[fisher]", "method_options={{fisher: {{num_batches: 1}}}}",
+                                 "output={out}/stats.safetensors"),
+    "symfusion-evaluate": _cli("evaluate_main", ["eval.json"], *DIGITS, "model_dir={world}/vit_a",
+                               "output={out}/eval.json"),
+    "symfusion-barrier": _cli("barrier_main", ["barrier.json"], *DIGITS, "anchor={world}/vit_a", "source={world}/vit_b",
+                              "points=2", "examples=8", "output={out}/barrier.json"),
+    "symfusion-layers": _cli("layers_main", ["layers.json"], "anchor={world}/vit_a", "source={world}/vit_b",
+                             "tasks=[digits,digits]", "examples=8", "output={out}/layers.json"),
+    "symfusion-multimodel": _cli("multimodel_main", ["multi", "multi.json"], "models=[{world}/bert_a,{world}/bert_b]",
+                                 "output={out}/multi.json", "output_models={out}/multi"),
+    "symfusion-report table": _report("table2", ".csv"),
+    "symfusion-report figure": _report("fig5_barrier", ".png"),
+    "align": lambda world, out: ((lambda: __import__("symfusion").align(str(world / "llama_b"), str(world / "llama_a"),
+                                                                        output=out / "aligned")), [out / "aligned"]),
+}
+NON_WRITERS = {"symfusion-compare": "reads two runs' CSVs and prints their differences",
+               "symfusion-worker": "serves jobs on a socket (tests/redteam/test_redteam_bookkeeping.py: its folder's checks)"}
+
+
+def console_scripts() -> dict[str, str]:
+    """[project.scripts] of pyproject.toml: script name -> its entry point."""
+    import tomllib
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]

@@ -18,13 +18,16 @@ transform.safetensors).
 """
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error
 from symfusion.io.checks import WHOLE_MODEL_CHECK_BYTES
 from symfusion.io.loaded import match_folders_in_memory, match_modules
 from symfusion.io.modelio import write_json
@@ -53,30 +56,81 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     models, False streams their layers, None loads them when they are small. record: more fields for the report
     (a command's provenance, where its data came from).
     """
-    config = matching_config(matching) if isinstance(matching, str) else matching
-    if not isinstance(config, MatchConfig):
-        raise SymfusionError(f"matching= takes a preset name or a MatchConfig, got {type(matching).__name__}")
+    config, layers = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change,
+                                      data, in_memory, record)
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
     name = matching if isinstance(matching, str) else preset_of(config)
     try:
-        if isinstance(source, torch.nn.Module) and isinstance(anchor, torch.nn.Module):
-            matched, transform, fields = match_modules(source, anchor, config, layers, last_layers,
-                                                       max_relative_output_change, data)
-            return matched, {**report_of(name, config, fields, transform, data), **(record or {}),
+        if isinstance(source, torch.nn.Module):
+            noted = len(NOTES)
+            with _as_given(source, anchor):
+                matched, transform, fields = match_modules(source, anchor, config, layers, last_layers,
+                                                           max_relative_output_change, data)
+            return matched, {**report_of(name, config, fields, transform, data, NOTES[noted:]), **(record or {}),
                              "transform": transform}
-        if isinstance(source, (str, Path)) and isinstance(anchor, (str, Path)):
-            return _align_folders(Path(source), Path(anchor), output, config, name, layers, last_layers,
-                                  max_relative_output_change, data, in_memory, record)
+        return _align_folders(Path(source), Path(anchor), output, config, name, layers, last_layers,
+                              max_relative_output_change, data, in_memory, record)
     except Exception as error:          # noqa: BLE001 - the system's errors (no space left, ...) become one line
         translated = as_symfusion_error(error)
         if translated is None or translated is error:
             raise
         raise translated from error
-    raise SymfusionError(
-        f"align() takes two nn.Modules or two model folders, got {type(source).__name__} and {type(anchor).__name__}"
-    )
+
+
+def _check_arguments(source, anchor, matching, output, layers, last_layers, tolerance, data, in_memory,
+                     record) -> tuple:
+    """align()'s arguments, each of its type (one SymfusionError line naming the first that is not); (the
+    MatchConfig, the layer indices as a list or None)."""
+    def refuse(name: str, value, wanted: str):
+        raise SymfusionError(f"align(): {name} must be {wanted}, got {type(value).__name__} {str(value)[:60]!r}")
+    folder, module = (str, Path), torch.nn.Module
+    if not (isinstance(source, module) and isinstance(anchor, module)
+            or isinstance(source, folder) and isinstance(anchor, folder)):
+        raise SymfusionError(f"align(): source and anchor must be two nn.Modules or two model folders, got "
+                             f"{type(source).__name__} and {type(anchor).__name__}")
+    if not isinstance(matching, (str, MatchConfig)):
+        refuse("matching", matching, "the name of a matching variant or a MatchConfig")
+    if output is not None and not isinstance(output, folder):
+        refuse("output", output, "a folder path (str or Path) or None")
+    if layers is not None:
+        listed = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes, Mapping)) else None
+        if listed is None or not all(_is_index(i) for i in listed):
+            refuse("layers", layers, "a list of layer indices (integers >= 0) or None")
+        layers = listed
+    if last_layers is not None and not _is_index(last_layers):
+        refuse("last_layers", last_layers, "an integer >= 0 or None")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) \
+            or tolerance <= 0:
+        refuse("max_relative_output_change", tolerance, "a finite number > 0")
+    if data is not None and (not isinstance(data, (list, tuple)) or not all(isinstance(b, Mapping) for b in data)):
+        refuse("data", data, "a list of batches (dicts of model inputs) or None")
+    if in_memory is not None and not isinstance(in_memory, bool):
+        refuse("in_memory", in_memory, "True, False or None")
+    if record is not None and not (isinstance(record, Mapping) and all(isinstance(k, str) for k in record)):
+        refuse("record", record, "a dict of report fields (str keys) or None")
+    return (matching_config(matching) if isinstance(matching, str) else matching), layers
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@contextmanager
+def _as_given(*modules: torch.nn.Module):
+    """The caller's modules come back as they went in: every submodule's train/eval mode and every parameter's
+    requires_grad (align() runs them in eval mode, under no_grad, and never writes their weights)."""
+    modes = [(m, m.training) for module in modules for m in module.modules()]
+    grads = [(p, p.requires_grad) for module in modules for p in module.parameters()]
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
 
 
 def preset_of(config: MatchConfig) -> str | None:
@@ -93,11 +147,12 @@ def _scale_summary(transform) -> dict:
     return {"min": flat.min().item(), "max": flat.max().item(), "mean_abs_log": flat.abs().log().abs().mean().item()}
 
 
-def report_of(name: str | None, config: MatchConfig, fields: dict, transform, data) -> dict:
-    """The match report, one format for modules and folders (a folder's match.json adds where it was written)."""
+def report_of(name: str | None, config: MatchConfig, fields: dict, transform, data, notes=()) -> dict:
+    """The match report, one format for modules and folders (a folder's match.json adds where it was written);
+    notes: the config differences matching proceeded with (families.FUNCTION_FIELDS), each once."""
     return {"matching": name, "matching_config": asdict(config), "family": fields.pop("family"),
             "layers": fields.pop("layers"), **fields, "scales": _scale_summary(transform),
-            "data": None if not data else {"batches": len(data)}}
+            "data": None if not data else {"batches": len(data)}, "notes": list(dict.fromkeys(notes))}
 
 
 def _fits_in_memory(source: Path, anchor: Path) -> bool:
@@ -115,7 +170,7 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name
     if config.residual != "none" and (layers is not None or last_layers is not None):
         raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
                              "it matches the whole model (drop layers= / last_layers=)")
-    start = time.perf_counter()
+    start, noted = time.perf_counter(), len(NOTES)
     # a new folder, or a previous matched folder; never an input
     with safe_output(output, WRITER, MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
@@ -130,8 +185,8 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name
                 transform, fields = match_folders_whole(source, anchor, output, config,
                                                         max_relative_output_change=tolerance, tmp=tmp)
             report = {"source": str(source), "anchor": str(anchor), "output": str(output),
-                      **report_of(name, config, fields, transform, data), "seconds": time.perf_counter() - start,
-                      "provenance": provenance(None), **(record or {})}
+                      **report_of(name, config, fields, transform, data, NOTES[noted:]),
+                      "seconds": time.perf_counter() - start, "provenance": provenance(None), **(record or {})}
             transform.save(tmp / "transform.safetensors")
             write_json(report, tmp / "match.json")
     report["transform"] = transform

@@ -8,10 +8,14 @@ per-architecture definitions; arch.py builds a model's layout from it. Adding a 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, note
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h)\.(\d+)\.")     # a layer module's index in a tensor name
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -48,6 +52,8 @@ class FamilySpec:
                       and the head maps that read it (keys outside the body, when present)
     nonlinear_heads:  head modules whose output passes an elementwise nonlinearity (a pooler's tanh): their
                       output axis may be permuted with the stream, never rotated
+    positions_after_padding: learned position ids start after the padding index (RoBERTa: pad_token_id + 1), so a
+                      sequence holds that many tokens fewer than max_position_embeddings
     """
 
     name: str
@@ -67,6 +73,7 @@ class FamilySpec:
     prenorm: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     final_norm: tuple[str, tuple[str, ...]] | None = None
     nonlinear_heads: tuple[str, ...] = ("pooler.dense", "classifier.dense")
+    positions_after_padding: bool = False
 
     def residual_axes_of(self, key: str) -> tuple[int, ...]:
         """The residual axes of a tensor outside the layers, from its key suffix; raises for an unknown key."""
@@ -88,6 +95,11 @@ class FamilySpec:
                 "add its module to the family's stream in symfusion/families.py"
             )
         return self.stream[max(found, key=len)]
+
+    def layer_count(self, keys) -> int:
+        """How many layers a checkpoint's tensor names hold: the distinct indices i of its layer modules (the family's
+        names, or its files' older ones: ViT's encoder.layer.{i})."""
+        return len({m.group(1) for key in keys for m in [_LAYER_INDEX.search(key)] if m})
 
     def head_keys(self, keys) -> list[str]:
         """The task-head keys among `keys`: everything outside "<base_prefix>." (BERT's pooler is body)."""
@@ -154,6 +166,7 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
                stream=_TEXT_STREAM),
     FamilySpec(
         name="roberta", modules=_ENCODER_MODULES, base_prefix="roberta", stream=_TEXT_STREAM,
+        positions_after_padding=True,
         residual_axes={
             **_TEXT_RESIDUAL,
             "classifier.dense.weight": (0, 1),        # sequence head: dense -> tanh -> out_proj
@@ -278,8 +291,97 @@ def family_spec(config) -> FamilySpec:
     return FAMILIES[family_of(config)]
 
 
-def check_compatible(source_config, anchor_config, source_name: str = "source", anchor_name: str = "anchor") -> None:
-    """Raise if two configs cannot be matched or merged (different family or shapes)."""
+def token_limit(config) -> int | None:
+    """How many tokens one sequence may hold: max_position_embeddings (GPT-2's n_positions), less RoBERTa's padding
+    offset; None for a model that reads pixels. A probe or task longer than this would index past the position
+    table (learned positions) or the model's stated range (RoPE)."""
+    spec = family_spec(config)
+    limit = getattr(config, "max_position_embeddings", None)
+    if spec.inputs != "tokens" or not isinstance(limit, int):
+        return None
+    if spec.positions_after_padding:
+        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return max(limit, 1)
+
+
+# ---------------------------------------------------------------- config fields beyond the weights
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What matching (`match`) and merging (`merge`: a merge, an interpolation path, an averaged body) do with two
+    models whose configs differ in a field that is no shape: "refuse" (one error line) or "proceed" (one note
+    line), and why (the rest of that line)."""
+
+    match: str
+    merge: str
+    why: str
+
+
+def _rule(decision: str, why: str, merge: str | None = None) -> FieldRule:
+    return FieldRule(decision, merge or decision, why)
+
+
+_ACTIVATION = "the nonlinearity between the maps: the weights of the two models compute different functions"
+_EPS = ("a norm's epsilon only guards a division: each matched model keeps its own, a merge takes the anchor's "
+        "(a change of the order of epsilon)")
+_POSITIONS = "how positions enter attention: the q/k weights of the two models serve different position codes"
+_WINDOW = "which tokens each layer attends to: the two models' attention is a different function of its weights"
+# Every config field that may differ between two models of one family and shape, and the rule for it (the
+# families' SHAPE_FIELDS and config_fields must agree; NEUTRAL_FIELDS change nothing the weights compute).
+FUNCTION_FIELDS: dict[str, FieldRule] = {
+    "hidden_act": _rule("refuse", _ACTIVATION), "activation_function": _rule("refuse", _ACTIVATION),
+    "pooler_act": _rule("refuse", _ACTIVATION), "pooler_hidden_act": _rule("refuse", _ACTIVATION),
+    "layer_norm_eps": _rule("proceed", _EPS), "layer_norm_epsilon": _rule("proceed", _EPS),
+    "rms_norm_eps": _rule("proceed", _EPS),
+    "rope_parameters": _rule("refuse", "RoPE's base, scaling and rotated share: " + _POSITIONS.split(": ")[1]),
+    "position_biased_input": _rule("refuse", _POSITIONS), "norm_rel_ebd": _rule("refuse", _POSITIONS),
+    "position_embedding_type": _rule("refuse", _POSITIONS),
+    "sliding_window": _rule("refuse", _WINDOW), "use_sliding_window": _rule("refuse", _WINDOW),
+    "max_window_layers": _rule("refuse", _WINDOW), "layer_types": _rule("refuse", _WINDOW),
+    "is_decoder": _rule("refuse", _WINDOW), "add_cross_attention": _rule("refuse", "a decoder block with cross-"
+                                                                          "attention has maps the other lacks"),
+    "scale_attn_weights": _rule("refuse", "whether attention logits are scaled by 1/sqrt(head_dim)"),
+    "scale_attn_by_inverse_layer_idx": _rule("refuse", "whether attention logits are scaled by 1/(layer + 1)"),
+    "reorder_and_upcast_attn": _rule("proceed", "only the precision of GPT-2's attention scores (float32 upcast)"),
+    "pretraining_tp": _rule("proceed", "only how Llama's maps are sliced in the matmuls (the same function)"),
+    "attention_bias": _rule("refuse", "whether q/k/v/o have biases"), "mlp_bias": _rule("refuse", "whether the FFN "
+                                                                                         "maps have biases"),
+    "qkv_bias": _rule("refuse", "whether q/k/v have biases"),
+    "pad_token_id": _rule("refuse", "where RoBERTa's positions start and which token ends a sequence for a "
+                                    "decoder's classification head"),
+    "tie_word_embeddings": _rule("proceed", "each matched model keeps its own tie of lm_head to the embeddings; a "
+                                            "merge has one model's tie, so it is refused", merge="refuse"),
+}
+NEUTRAL_FIELDS = frozenset({
+    "_name_or_path", "architectures", "transformers_version", "dtype", "output_attentions", "output_hidden_states",
+    "return_dict", "use_cache", "is_encoder_decoder", "chunk_size_feed_forward", "initializer_range", "id2label",
+    "label2id", "problem_type", "bos_token_id", "eos_token_id", "legacy", "encoder_stride", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout", "classifier_dropout", "pooler_dropout",
+    "attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
+    "summary_type", "summary_use_proj", "pooler_output_size", "pooler_hidden_size", "head_dim", "n_embd", "n_head",
+    "n_layer", "n_positions",
+})   # dropout (off in evaluation), bookkeeping, heads no stage builds (GPT-2's summary), aliases of SHAPE_FIELDS
+
+
+def differences(source_config, anchor_config, use: str = "match") -> list[str]:
+    """The one-line notes of the FUNCTION_FIELDS two configs differ in whose rule for `use` (match, merge) is to
+    proceed; a field whose rule is to refuse is one SymfusionError line."""
+    notes = []
+    for field, rule in FUNCTION_FIELDS.items():
+        a, b = getattr(source_config, field, None), getattr(anchor_config, field, None)
+        if a == b:
+            continue
+        if getattr(rule, use) == "refuse":
+            raise SymfusionError(f"the models differ in {field} ({a!r} vs {b!r}): {rule.why}; they are not "
+                                 f"{'matched' if use == 'match' else 'merged'}")
+        notes.append(f"note: the models differ in {field} ({a!r} vs {b!r}): {rule.why}; proceeding")
+    return notes
+
+
+def check_compatible(source_config, anchor_config, source_name: str = "source", anchor_name: str = "anchor",
+                     use: str = "match") -> list[str]:
+    """Raise if two configs cannot be matched or merged (`use`; different family, shapes or a refused FUNCTION_FIELDS
+    difference); the notes of the differences it proceeds with (errors.note has them printed too)."""
     spec = family_spec(source_config)
     family_of(anchor_config)
     for field in SHAPE_FIELDS + spec.config_fields:
@@ -289,3 +391,7 @@ def check_compatible(source_config, anchor_config, source_name: str = "source", 
                 f"{source_name} and {anchor_name} have different {field} ({a!r} vs {b!r}); "
                 "matching and merging need models of the same architecture"
             )
+    notes = differences(source_config, anchor_config, use)
+    for line in notes:
+        note(line)
+    return notes

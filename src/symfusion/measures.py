@@ -8,7 +8,7 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout
-from symfusion.families import family_spec
+from symfusion.families import family_spec, token_limit
 
 
 BLOCK = 2**20          # elements per float64 block: 8 MiB, reused by the allocator (a whole embedding table
@@ -116,15 +116,23 @@ def distance_fields(before: Mapping[str, float], after: Mapping[str, float]) -> 
 
 
 def probe_inputs(config, batch_size: int = 2, seq_len: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic random inputs for a model family: token ids (with padding) or pixels."""
+    """Deterministic random inputs for a model family: token ids (with padding) or pixels; at most the model's
+    token_limit tokens per sequence (probe_length)."""
     gen = torch.Generator().manual_seed(seed)
     if family_spec(config).inputs == "pixels":
         shape = (batch_size, config.num_channels, config.image_size, config.image_size)
         return {"pixel_values": torch.randn(shape, generator=gen)}
+    seq_len = probe_length(config, seq_len)
     input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=gen)
     attention_mask = torch.ones(batch_size, seq_len, dtype=torch.long)
     attention_mask[-1, seq_len // 2:] = 0                      # one padded row exercises masking
     return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def probe_length(config, seq_len: int) -> int:
+    """The tokens per probe sequence: `seq_len`, at most what the model holds (families.token_limit)."""
+    limit = token_limit(config)
+    return min(int(seq_len), limit) if limit is not None else int(seq_len)
 
 
 def model_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

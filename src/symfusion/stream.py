@@ -22,6 +22,7 @@ lm_head does not fold (lm_head is the embedding table): there only (signed) perm
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
@@ -177,41 +178,78 @@ def _bias_of(gain: str, state: Mapping) -> str | None:
     return bias if bias in state else None
 
 
+# ---------------------------------------------------------------- preconditions of the whole symmetry
+
+def comparable(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The anchor's tensors that have a counterpart of the same shape in the source, or none: task heads of other
+    sizes (other label counts) are each model's own, moved with the stream but compared with nothing."""
+    return {k: v for k, v in anchor.items() if k not in source or tuple(source[k].shape) == tuple(v.shape)}
+
+
+def unfoldable(state: Mapping[str, torch.Tensor], stream: StreamLayout) -> list[str]:
+    """The pre-norms of a (canonical) state that cannot be folded: a zero gain where the bias is not zero (that
+    coordinate outputs a constant). Only (signed) permutations of the stream keep such a model's function, and
+    those need no folding: the descent leaves these norms unfolded."""
+    return [f.gain for f in stream.folds if f.bias and f.gain in state and f.bias in state
+            and bool(((state[f.gain] == 0) & (state[f.bias] != 0)).any())]
+
+
+def foldable(stream: StreamLayout, kind: str, states) -> tuple[StreamLayout, str]:
+    """(the stream layout, the matching.residual choice) a descent may use on these (canonical) states: a norm with a
+    zero gain where its bias is not zero (in any of them) cannot be folded, so no rotation keeps the model's function
+    (kind orthogonal: one error line) and permutations, which need no fold, leave it unfolded (auto: permutation)."""
+    bad = sorted({gain for state in states for gain in unfoldable(state, stream)})
+    if not bad:
+        return stream, kind
+    if kind == "orthogonal":
+        raise SymfusionError(f"matching.residual=orthogonal is not exact for this model: {bad[0]} is zero where its "
+                             "bias is not (that coordinate outputs a constant, which no rotation keeps); use "
+                             "matching.residual=permutation")
+    return dataclasses.replace(stream, folds=tuple(f for f in stream.folds if f.gain not in bad)), "permutation"
+
+
 # ---------------------------------------------------------------- the action
 
 def fold_norms(state: Mapping[str, torch.Tensor], folds: tuple[NormFold, ...]) -> dict[str, torch.Tensor]:
-    """Each norm's gain g folded into its readers: W -> W diag(g), bias -> bias / g, g -> 1 (a symmetry)."""
+    """Each norm's gain g folded into its readers: W -> W diag(g), bias -> bias / g, g -> 1 (a symmetry). A zero gain
+    folds too (its coordinate reaches no reader), where the bias is zero as well (unfoldable says where not). Readers
+    the state lacks are skipped (a tied anchor folder's lm_head)."""
     out = dict(state)
     for fold in folds:
         g = out[fold.gain]
-        _check_gain(g, fold.gain)
         for key in fold.readers:
-            out[key] = out[key] * g.to(out[key].dtype)[None, :]          # (out, hidden) columns
+            if key in out:
+                out[key] = out[key] * g.to(out[key].dtype)[None, :]          # (out, hidden) columns
         if fold.bias:
-            out[fold.bias] = out[fold.bias] / g
+            b = out[fold.bias]
+            if bool(((g == 0) & (b != 0)).any()):
+                raise SymfusionError(f"{fold.gain} is zero where {fold.bias} is not: that coordinate of the norm "
+                                     "outputs a constant, which no rotation of the stream keeps; use "
+                                     "matching.residual=permutation")
+            out[fold.bias] = torch.where(g == 0, torch.zeros_like(b), b / torch.where(g == 0, torch.ones_like(g), g))
         out[fold.gain] = torch.ones_like(g)
     return out
 
 
 def unfold_norms(state: Mapping[str, torch.Tensor], folds: tuple[NormFold, ...],
                  gains: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse fold with the gains t given per norm: W -> W diag(1/t), bias -> bias * t, gain -> t."""
+    """The inverse fold with the gains t given per norm: W -> W diag(1/t), bias -> bias * t, gain -> t. A zero t is
+    exact only where every reader's column is zero (the coordinate reaches no reader); anywhere else it is a bug."""
     out = dict(state)
     for fold in folds:
         t = gains[fold.gain].to(out[fold.gain].dtype)
-        _check_gain(t, fold.gain)
+        zero = t == 0
+        if bool(zero.any()) and any(bool(out[k][:, zero].any()) for k in fold.readers if k in out):
+            raise SymfusionError(f"{fold.gain} would be unfolded with a zero gain where its readers read the stream; "
+                                 "report this as a bug")
+        safe = torch.where(zero, torch.ones_like(t), t)
         for key in fold.readers:
-            out[key] = out[key] / t.to(out[key].dtype)[None, :]
+            if key in out:
+                out[key] = out[key] / safe.to(out[key].dtype)[None, :]
         if fold.bias:
             out[fold.bias] = out[fold.bias] * t
         out[fold.gain] = t.clone()
     return out
-
-
-def _check_gain(gain: torch.Tensor, key: str) -> None:
-    if not torch.all(gain != 0):
-        raise SymfusionError(f"{key} has a zero gain: its coordinates carry nothing, and the norm cannot be folded; "
-                             "use matching.residual=permutation")
 
 
 def rotate_stream(state: Mapping[str, torch.Tensor], stream: StreamLayout, r: torch.Tensor,

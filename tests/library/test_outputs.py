@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from symfusion.io import outputs
+from symfusion.io import marks, outputs
 from symfusion.errors import SymfusionError
 from symfusion.io.outputs import claim_output, file_marker, folder_marker, recover_leftovers, safe_output
 
@@ -72,15 +72,24 @@ def dead_pid() -> int:
     return child.pid
 
 
+def marked(folder, host, pid):
+    """A temp folder as a writer `pid` of `host` leaves it: with its mark."""
+    folder.mkdir()
+    (folder / marks.TEMP_MARK).write_text(f"symfusion temp {host} {pid}\n")
+    return folder
+
+
 def test_a_dead_writers_temp_is_removed_and_a_live_writers_is_kept(tmp_path):
     host = outputs._HOST
-    dead = tmp_path / f".model.tmp-{host}-{dead_pid()}-abc"
-    live = tmp_path / f".model.tmp-{host}-{os.getppid()}-def"          # our parent is alive
-    other_host = tmp_path / ".model.tmp-elsewhere-1-ghi"                # another machine's writer: not ours to judge
-    for folder in (dead, live, other_host):
-        folder.mkdir()
+    dead = marked(tmp_path / ".model.tmp-a", host, dead_pid())
+    live = marked(tmp_path / ".model.tmp-b", host, os.getppid())           # our parent is alive
+    other_host = marked(tmp_path / ".model.tmp-c", "elsewhere", 1)          # another machine's writer: not ours to judge
+    unmarked = tmp_path / f".model.tmp-{host}-{dead_pid()}-d"               # named like a dead writer's, but no mark:
+    unmarked.mkdir()                                                        # a user's folder, never touched
+    (unmarked / "notes.txt").write_text("mine")
     write_folder(tmp_path / "model", 1)
     assert not dead.exists() and live.exists() and other_host.exists()
+    assert (unmarked / "notes.txt").read_text() == "mine"
 
 
 def test_a_displaced_old_result_is_restored_when_its_writer_died_between_two_renames(tmp_path, monkeypatch):
@@ -94,17 +103,18 @@ def test_a_displaced_old_result_is_restored_when_its_writer_died_between_two_ren
         if len(calls) == 1:
             raise KeyboardInterrupt                                      # the old result moved aside, nothing in place
     monkeypatch.setattr(outputs.os, "replace", killed_after_the_first_rename)
+    monkeypatch.setattr(outputs, "remove_own", lambda folder: False)   # killed: its temp folder stays as it was
     with pytest.raises(KeyboardInterrupt):
         write_folder(tmp_path / "model", 2)
-    monkeypatch.setattr(outputs.os, "replace", real_replace)
+    monkeypatch.undo()
     assert not (tmp_path / "model").exists()
-    old = [p for p in tmp_path.iterdir() if p.name.startswith(".model.old-")]
-    assert len(old) == 1 and (old[0] / "v").read_text() == "1"
-    # the writer's own pid is alive in this test; what counts is a dead writer: rename it as a dead one would be
-    renamed = old[0].with_name(f".model.old-{outputs._HOST}-{dead_pid()}-x")
-    os.rename(old[0], renamed)
+    temps = [p for p in tmp_path.iterdir() if p.name.startswith(".model.tmp-")]
+    assert len(temps) == 1 and (temps[0] / "old" / "v").read_text() == "1"
+    # the writer's own pid is alive in this test; what counts is a dead writer: mark it as a dead one's
+    (temps[0] / marks.TEMP_MARK).write_text(f"symfusion temp {outputs._HOST} {dead_pid()}\n")
     recover_leftovers(tmp_path / "model")
     assert (tmp_path / "model" / "v").read_text() == "1"               # the old result is back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_the_atomic_exchange_swaps_two_folders(tmp_path):

@@ -138,7 +138,7 @@ def test_permissions_without_the_power_to_override_them(models, tmp_path):
 
 # (module, attribute): the steps of writing a matched folder; the hook fires when the step is reached
 STEPS = [(outputs, "_temp_path"), (sharded.ShardWriter, "write"), (sharded.ShardWriter, "close"),
-         (outputs, "_swap_in"), (outputs, "exchange"), (outputs.Claim, "release")]
+         (outputs, "swap_in"), (outputs, "exchange"), (outputs.Claim, "release")]
 STEP_IDS = ["temp made", "first tensor", "a shard closed", "before the swap", "after the exchange", "before unlock"]
 
 

@@ -67,7 +67,7 @@ def _setup(models: list) -> tuple[ModelLayout, list[dict]]:
     """Checks the models can be fused; returns the anchor's layout and all state dicts."""
     anchor = models[0]
     for i, model in enumerate(models[1:], start=1):
-        check_compatible(model.config, anchor.config, f"model {i}", "the anchor (model 0)")
+        check_compatible(model.config, anchor.config, f"model {i}", "the anchor (model 0)", use="merge")
     states = [m.state_dict() for m in models]
     layout = layout_of(anchor.config, states[0])
     layout.require_encoder("OT fusion")               # its transport maps know no KV groups, gates or RoPE planes

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from symfusion.errors import SymfusionError
+from symfusion.io.folder import weight_map
 from symfusion.io.modelio import load_config, model_class, skeleton_of
 from symfusion.measures import model_outputs, probe_inputs
 
@@ -84,7 +85,7 @@ class BlockCheck:
 
     def __init__(self, config, seq_len: int = 16, seed: int = 0, skeleton: torch.nn.Module | None = None,
                  read: Callable[[list[str]], dict] | None = None, keys=()):
-        skeleton = skeleton if skeleton is not None else skeleton_of(config, "the model")
+        skeleton = skeleton if skeleton is not None else skeleton_of(config)
         self.skeleton, self.config, self.read, self.keys = skeleton, config, read, list(keys)
         gen = torch.Generator().manual_seed(seed)
         self.hidden = torch.randn(1, seq_len, config.hidden_size, generator=gen)
@@ -148,13 +149,14 @@ def check_whole_model(src, src_meta: Mapping, target: Path, output, tolerance: f
 
 def whole_model_change(source: Path, matched: Path) -> float:
     """max |f_matched(x) - f_source(x)| / max |f_source(x)| on probe inputs (measures.probe_inputs, as align() checks
-    two nn.Modules), both folders loaded by transformers."""
+    two nn.Modules), both folders loaded by transformers with the class whose tensors they hold (modelio.model_class:
+    logits where the model has a head, whatever its config's `architectures` says)."""
     config = load_config(source)
     inputs = probe_inputs(config)
     outputs = []
     for folder in (source, matched):
-        model = model_class(config).from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
-                                                    trust_remote_code=False).eval()
+        cls = model_class(config, weight_map(folder)[0])
+        model = cls.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True, trust_remote_code=False)
         outputs.append(model_outputs(model, inputs))
         del model
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import transformers
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.models.auto import modeling_auto
+
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
+from symfusion.families import FAMILIES, family_of
 from symfusion.io.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
     shard_header, weight_map
 
@@ -40,24 +46,53 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def model_class(config):
-    """The transformers class a checkpoint was saved from (its config's architectures), else AutoModel."""
+# The auto classes whose model a folder may hold when its config's `architectures` names no class transformers knows.
+HEAD_MAPPINGS = ("MODEL_MAPPING_NAMES", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                 "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                 "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES")
+
+
+def model_class(config, keys=None):
+    """The transformers class a checkpoint was saved from: the one its config's architectures names; else, given the
+    checkpoint's tensor names `keys`, the class of its model type whose parameters are exactly those (a head the
+    config does not name is still the model's: a final check must see it); else AutoModel (the bare body)."""
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if cls is not None:
             return cls
+    if keys:
+        keys = set(keys)
+        for mapping in HEAD_MAPPINGS:
+            cls = getattr(transformers, getattr(modeling_auto, mapping).get(config.model_type, ""), None)
+            if cls is not None and _holds_exactly(skeleton_of(config, cls=cls), keys):
+                return cls
     return transformers.AutoModel
 
 
-def skeleton_of(config, path: str | Path) -> torch.nn.Module:
-    """The model config.json builds, on the meta device (its structure and names, no memory); one line if none."""
-    cls = model_class(config)
+def skeleton_of(config, path: str | Path | None = None, cls=None) -> torch.nn.Module:
+    """The model `cls` (default: model_class) of a config built on the meta device (its structure and names, no
+    memory), or a one-line error naming the folder `path` when given."""
+    cls = cls or model_class(config)
     try:
         with torch.device("meta"):
             return cls.from_config(config) if cls is transformers.AutoModel else cls(config)
     except Exception as error:  # noqa: BLE001 - a config that transformers cannot build is a bad input
-        raise SymfusionError(f"{path}/config.json does not describe a model transformers can build "
-                             f"({first_line(error)}); re-export the model") from error
+        where = f"{path}/config.json" if path is not None else f"config.json ({getattr(config, 'model_type', '?')})"
+        raise SymfusionError(f"{where} does not describe a model transformers can build ({first_line(error)}); "
+                             "re-export the model") from error
+
+
+def file_names(model: torch.nn.Module) -> tuple[dict, set]:
+    """(the model's state dict, its parameters' names (a tied one once)) under the names its checkpoint files use
+    (transformers renames some families' tensors on load: ViT's attention.attention.query -> attention.q_proj)."""
+    state = revert_weight_conversion(model, dict(model.state_dict()))
+    return state, set(revert_weight_conversion(model, dict(model.named_parameters())))
+
+
+def _holds_exactly(model: torch.nn.Module, keys: set) -> bool:
+    """Whether `keys` are the model's own tensor names: every parameter (a tied one once), nothing else."""
+    state, parameters = file_names(model)
+    return keys <= set(state) and parameters <= keys
 
 
 # ---------------------------------------------------------------- reading a folder as data
@@ -79,15 +114,53 @@ def check_model_folder(path: str | Path) -> Path:
     return path
 
 
+CONFIG_BYTES = 16 * 2**20      # at most this much config.json is read (a real one: a few KiB, label names included)
+MAX_LAYERS = 4096              # more layers than any model has (the largest have a few hundred): never built
+
+
 def load_config(path: str | Path):
-    """The model's config from config.json, parsed and checked, never downloaded, no remote code."""
+    """The model's config from config.json, parsed and checked, never downloaded, no remote code; its claims are
+    checked against the weights' headers before transformers builds anything from them (check_claims)."""
     path = check_model_folder(path)
+    check_claims(path)
     try:
         return transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - any failure to parse a user's config.json is a bad input
         first = first_line(error)
         raise SymfusionError(f"{path}/config.json is not a valid model config ({first}); "
                              "re-export the model with save_pretrained") from error
+
+
+def check_claims(path: Path) -> None:
+    """Refuse (one line) a config.json whose size, model type or layer count an untrusted folder could make a command
+    spend unbounded time and memory on: a config class builds per-layer lists (Qwen2's layer_types: 12 s for 3
+    million layers) and every model per-layer modules, so the layers claimed must be the layers the tensors hold."""
+    file = model_file(path, "config.json")
+    if file.stat().st_size > CONFIG_BYTES:
+        raise SymfusionError(f"{file} is {file.stat().st_size} bytes, more than a model config holds "
+                             f"({CONFIG_BYTES} at most); re-export the model")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return                                    # AutoConfig says what is wrong, in one line
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        return
+    family = FAMILIES[family_of(SimpleNamespace(model_type=raw["model_type"]))]     # a supported family, or one line
+    names = getattr(transformers.CONFIG_MAPPING[raw["model_type"]], "attribute_map", {}) or {}
+    field = names.get("num_hidden_layers", "num_hidden_layers")
+    claimed = raw.get(field)
+    if claimed is None:
+        return                                    # the config class's own default
+    if not isinstance(claimed, int) or isinstance(claimed, bool) or not 0 <= claimed <= MAX_LAYERS:
+        raise SymfusionError(f"{file}: {field}={claimed!r} is not a layer count (0..{MAX_LAYERS}); re-export the model")
+    try:
+        keys = weight_map(path)[0]
+    except SymfusionError:                        # no readable weights: the caller says so
+        return
+    found = family.layer_count(keys)
+    if claimed != found:
+        raise SymfusionError(f"{file} claims {field}={claimed}, but the weights hold {found} layers; the checkpoint "
+                             "and its config disagree")
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -118,14 +191,53 @@ def checkpoint_dtypes(files: list[Path]) -> dict[str, str]:
     return {key: dtype for file in files for key, (dtype, _) in shard_header(file).items()}
 
 
+def _meta(dtype: str, shape) -> torch.Tensor:
+    """A shape-and-dtype-only tensor of a safetensors header entry (an unknown dtype: as uint8)."""
+    found = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}.get(dtype)
+    return torch.empty(shape, dtype=found or (torch.int64 if dtype.startswith(("I", "U")) else torch.uint8),
+                       device="meta")
+
+
+def check_fits_config(config, state, path: Path, complete: bool = False, cls=None, model=None) -> None:
+    """Refuse (one line) a folder whose tensors (`state`: name -> a tensor or its meta twin) disagree with what its
+    config.json builds: a shape, or an integer dtype where the model has a floating-point parameter; with
+    complete=True also a parameter the checkpoint lacks (transformers would allocate it at its claimed size).
+    `state` uses the files' names; `model`: the skeleton (meta device), when the caller has built it."""
+    model = model if model is not None else skeleton_of(config, path, cls or model_class(config, state))
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
+    names, parameters = file_names(model)
+    for name, expected in names.items():
+        candidates = (name, f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None)
+        key = next((c for c in candidates if c and c in state), None)
+        if key is None:
+            if complete and name in parameters and not any(p.search(name) for p in ignored):
+                raise SymfusionError(f"checkpoint {path} lacks tensors ({name}, {tuple(expected.shape)}) for "
+                                     f"{type(model).__name__} as its config.json describes it; the checkpoint and its "
+                                     "config disagree")
+            continue                    # tied weights, or a layer's missing tensor (named by the block check)
+        found = state[key]
+        if tuple(found.shape) != tuple(expected.shape):
+            raise SymfusionError(f"checkpoint {path} stores {key!r} with shape {tuple(found.shape)}, but its "
+                                 f"config.json implies {tuple(expected.shape)}; the checkpoint and its config disagree")
+        if expected.is_floating_point() and not found.is_floating_point():
+            raise SymfusionError(f"checkpoint {path} stores {key!r} as {found.dtype}, not a floating-point type; "
+                                 "re-export the model")
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A model from a local save_pretrained folder, in eval mode, every weight finite; never downloads, never
-    initialises a weight."""
+    initialises a weight. The folder's tensors are checked against its config (headers only) before transformers
+    allocates anything, so a config's claims cost no memory."""
     config = load_config(path)
     path = Path(path)
     files = weight_files(path)
-    dtypes = checkpoint_dtypes(files)
-    cls = model_class(config)
+    headers = {key: info for file in files for key, info in shard_header(file).items()}
+    cls = model_class(config, headers)
+    check_fits_config(config, {k: _meta(dtype_name, shape) for k, (dtype_name, shape) in headers.items()}, path,
+                      complete=True, cls=cls)
+    dtypes = {key: dtype_name for key, (dtype_name, _) in headers.items()}
     try:
         model, info = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, trust_remote_code=False,
                                           use_safetensors=True, output_loading_info=True)

@@ -5,16 +5,22 @@ Every writer of symfusion goes through `claim_output` before it does any work:
   file; an existing path may only be replaced when it is a previous output of the same stage, recognised
   by that stage's own marker (its JSON report, or the signature of a report artefact); anything else is
   refused with one line that says to choose another path or delete it;
-- a lock (`.NAME.lock`, fcntl) makes a second writer of the same output fail at once, clearly;
-- leftovers of killed writers are dealt with first: a hidden temp (`.NAME.tmp-HOST-PID-*`) of a dead
-  process is removed, one of a live process is left alone, and a displaced old result (`.NAME.old-*`,
-  only on file systems without an atomic exchange) is restored when the output itself is missing.
+- a lock (`.NAME.lock`, fcntl) makes a second writer of the same output fail at once, clearly; it is opened
+  without following a symbolic link (O_NOFOLLOW), created new (O_EXCL) or else taken over only when it is a
+  plain file of this user holding a lock line, so nothing planted under its name is ever written;
+- leftovers of killed writers are dealt with first: every temp is a folder `.NAME.tmp-HOST-PID-*` that carries
+  its writer's mark (TEMP_MARK inside: who made it); one of a dead writer of this host is removed (and an old
+  result it had displaced restored when the output itself is missing), one of a live writer is left alone,
+  and anything without this user's mark (a link, a user's folder, another user's file) is never touched.
 A folder output also lists what it holds (`.symfusion-files.json`, written last into the temp folder): a
 previous folder is replaced only when it holds exactly what that list says, so a file a user put into it
 (or changed since) is never deleted by a rerun; the command refuses, naming the file.
-The result is written beside the output under a temp name and swapped in with one atomic exchange
-(renameat2 RENAME_EXCHANGE) where the file system has it, else with two renames whose interruption the
-next run repairs: at every instant either the old or the new result is complete under its own name.
+The result is written inside the temp folder and swapped in with one atomic exchange (renameat2
+RENAME_EXCHANGE) where the file system has it, else with two renames whose interruption the next run
+repairs: at every instant either the old or the new result is complete under its own name. Several
+outputs of one command are swapped in together (`writing_together`): a failure part-way puts back what
+was swapped in, and its error line says so (or names what stayed).
+The marks, and the lock file's checks, live in symfusion/io/marks.py (the trainer's checkpoint and the caches use them too).
 """
 from __future__ import annotations
 
@@ -25,17 +31,17 @@ import fcntl
 import json
 import os
 import shutil
-import socket
-import tempfile
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.io.marks import HOST as _HOST, marked_folder, open_lock, own_folder, pid_alive, remove_own
 
-_HOST = socket.gethostname().replace("-", "_")
 FILES_LIST = ".symfusion-files.json"         # in every folder output: what the writer put there
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -107,7 +113,9 @@ class Claim:
         if self.lock_fd is not None:
             lock = _lock_path(self.path)
             try:
-                if os.path.exists(lock) and os.stat(lock).st_ino == os.fstat(self.lock_fd).st_ino:
+                found = os.lstat(lock)
+                mine = os.fstat(self.lock_fd)
+                if stat.S_ISREG(found.st_mode) and (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino):
                     os.unlink(lock)
             except OSError:
                 pass
@@ -123,17 +131,61 @@ class Claim:
 
     @contextmanager
     def writing(self):
-        """Yield a temp path beside the output (a folder or a file name); on success it replaces the output."""
-        tmp = _temp_path(self.path, self.is_dir)
-        try:
+        """Yield a temp path (a folder or a file name, inside this writer's marked temp folder beside the output);
+        on success it replaces the output."""
+        with writing_together([self]) as (tmp,):
             yield tmp
-            if self.is_dir:
+
+
+@contextmanager
+def writing_together(claims: list[Claim]):
+    """Yield one temp path per claim; on success swap them all in, in order. A failure while they are written
+    leaves every output as it was; a failure part-way through the swaps puts back the outputs already swapped
+    in (their previous results, or nothing), and the error line says so, or names the outputs that stayed."""
+    temps = []
+    try:
+        for claim in claims:
+            temps.append(_temp_path(claim.path, claim.is_dir))
+        yield temps
+        for claim, tmp in zip(claims, temps):
+            if claim.is_dir:
                 (tmp / FILES_LIST).write_text(json.dumps(_listing(tmp), indent=1, sort_keys=True) + "\n")
-            _swap_in(tmp, self.path)
-            self.written = True
-        except BaseException:
-            _remove(tmp)
-            raise
+        done = []
+        try:
+            for claim, tmp in zip(claims, temps):
+                done.append((claim, tmp, swap_in(tmp, claim.path)))
+        except BaseException as error:
+            if not done:
+                raise
+            kept = _roll_back(done)
+            line = as_symfusion_error(error) if isinstance(error, Exception) else None
+            if line is None:
+                raise
+            what = (f"; kept the new {', '.join(str(c.path) for c in kept)} (could not put the previous result back)"
+                    if kept else f"; {len(done)} output(s) already swapped in were put back, nothing was changed")
+            raise SymfusionError(f"{line}{what}") from error
+        for claim in claims:
+            claim.written = True
+    finally:
+        for tmp in temps:
+            remove_own(tmp.parent)
+
+
+def _roll_back(done: list) -> list[Claim]:
+    """Undo the swaps `done` ((claim, its temp, whether an old result was displaced)), last first; the claims
+    whose new result could not be taken back."""
+    kept = []
+    for claim, tmp, had_old in reversed(done):
+        try:
+            if had_old and os.path.lexists(tmp):
+                exchange(tmp, claim.path)                       # exchanged in: exchanged back
+            else:
+                os.replace(claim.path, tmp)                     # the new result back into its temp ...
+                if had_old:
+                    os.replace(tmp.parent / "old", claim.path)  # ... and the displaced old one in place
+        except OSError:
+            kept.append(claim)
+    return kept
 
 
 def _listing(folder: Path) -> dict[str, int | None]:
@@ -165,6 +217,8 @@ def foreign_entry(folder: Path, stage: str) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- the lock
+
 def _lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
@@ -173,7 +227,7 @@ def _acquire_lock(path: Path) -> int:
     """An exclusive lock on `.NAME.lock` (kept while this process writes NAME), or a one-line error."""
     lock = _lock_path(path)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, created = open_lock(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -183,54 +237,39 @@ def _acquire_lock(path: Path) -> int:
                                      "choose another output") from error
             raise
         try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:    # not unlinked by a finishing writer meanwhile
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{_HOST} {os.getpid()}\n".encode())
+            found, mine = os.lstat(lock), os.fstat(fd)
+            if (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino):   # not unlinked by a finishing writer
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"symfusion lock {_HOST} {os.getpid()}\n".encode(), 0)
+                except OSError:                       # e.g. no space left: the lock goes again
+                    if created:
+                        os.unlink(lock)
+                    os.close(fd)
+                    raise
                 return fd
         except FileNotFoundError:
             pass
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _writer_of(name: str, prefix: str) -> tuple[str, int] | None:
-    """(host, pid) encoded in a temp name `prefix` + HOST-PID-random, or None."""
-    rest = name[len(prefix):]
-    host, _, tail = rest.partition("-")
-    pid, _, _ = tail.partition("-")
-    return (host, int(pid)) if pid.isdigit() else None
-
-
 def recover_leftovers(path: Path) -> None:
-    """Remove temps of dead writers on this host; restore a displaced old result if the output is missing."""
+    """Remove the marked temps of dead writers on this host (restoring an old result one of them had displaced,
+    when the output itself is missing); anything without this user's mark stays untouched."""
     parent = path.parent
     if not parent.is_dir():
         return
     prefix = f".{path.name}.tmp-"
-    for item in parent.iterdir():
-        if item.name.startswith(prefix):
-            writer = _writer_of(item.name, prefix)
-            if writer is not None and writer[0] == _HOST and not _pid_alive(writer[1]):
-                _remove(item)
-    old_prefix = f".{path.name}.old-"
-    olds = sorted((p for p in parent.iterdir() if p.name.startswith(old_prefix)), key=lambda p: p.stat().st_mtime)
-    for old in olds:
-        writer = _writer_of(old.name, old_prefix)
-        if writer is not None and writer[0] == _HOST and _pid_alive(writer[1]):
+    for item in sorted(parent.iterdir()):
+        if not item.name.startswith(prefix):
             continue
-        if not os.path.lexists(path):
-            os.replace(old, path)            # the killed writer displaced the old result and wrote nothing
-        else:
-            _remove(old)
+        writer = own_folder(item)
+        if writer is None or writer[0] != _HOST or pid_alive(writer[1]):
+            continue
+        old = item / "old"
+        if os.path.lexists(old) and not os.path.lexists(path):
+            os.replace(old, path)            # the killed writer displaced the old result and put nothing in place
+        shutil.rmtree(item, ignore_errors=True)
 
 
 def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: Iterable = (),
@@ -246,15 +285,15 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
     except OSError as error:
         raise SymfusionError(f"{what}={output}: cannot create {path.parent} ({error.strerror}); "
                              "choose a writable location") from error
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise SymfusionError(f"{what}={output}: {path.parent} is not writable; choose a writable location")
+    claim = Claim(path=path, is_dir=is_dir, created=created)
     try:
-        fd = _acquire_lock(path)
-    except OSError as error:
-        raise SymfusionError(f"{what}={output}: cannot write in {path.parent} ({error.strerror}); "
-                             "choose a writable location") from error
-    claim = Claim(path=path, is_dir=is_dir, lock_fd=fd, created=created)
-    try:
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise SymfusionError(f"{what}={output}: {path.parent} is not writable; choose a writable location")
+        try:
+            claim.lock_fd = _acquire_lock(path)
+        except OSError as error:
+            raise SymfusionError(f"{what}={output}: cannot write in {path.parent} ({error.strerror}); "
+                                 "choose a writable location") from error
         recover_leftovers(path)
         if os.path.lexists(path):
             if path.is_symlink() or path.is_dir() != is_dir or not recognise(path):
@@ -273,29 +312,12 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
 # ---------------------------------------------------------------- temp names and the swap
 
 def _temp_path(path: Path, is_dir: bool) -> Path:
-    prefix = f".{path.name}.tmp-{_HOST}-{os.getpid()}-"
+    """Where the new result of `path` is written: `NAME` inside a new marked temp folder beside it (made here
+    for a folder output; a file output is created by its writer)."""
+    tmp = marked_folder(path.parent, f".{path.name}.tmp-{_HOST}-{os.getpid()}-") / path.name
     if is_dir:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)          # mkdtemp makes 0700; results are shared like any folder
-        return tmp
-    fd, name = tempfile.mkstemp(prefix=prefix, dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)
-    return Path(name)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        tmp.mkdir()                            # 0777 & ~umask: results are shared like any folder
+    return tmp
 
 
 def _libc():
@@ -306,12 +328,12 @@ def _libc():
 _LIBC = _libc()
 
 
-def exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two existing paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+def _renameat2(a: Path, b: Path, flags: int) -> bool:
+    """renameat2(a, b, flags); False where the system or file system lacks it; OSError for a real failure."""
     function = getattr(_LIBC, "renameat2", None) if _LIBC is not None else None
     if function is None:
         return False
-    result = function(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE)
+    result = function(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), flags)
     if result == 0:
         return True
     err = ctypes.get_errno()
@@ -320,19 +342,30 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _swap_in(tmp: Path, path: Path) -> None:
-    """Make `tmp` the output: one rename when there is no old result, else an atomic exchange (fallback:
-    two renames, repaired by recover_leftovers if interrupted between them)."""
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def swap_in(tmp: Path, path: Path) -> bool:
+    """Make `tmp` the output (whether an old result was displaced into tmp's folder): one rename when there is
+    none (never over anything that appears meanwhile), else an atomic exchange (the old result then lies at
+    `tmp`), else two renames (it lies at `old` in tmp's folder; recover_leftovers repairs an interruption)."""
     if not os.path.lexists(path):
-        os.replace(tmp, path)
-        return
+        try:
+            if _renameat2(tmp, path, _RENAME_NOREPLACE):
+                return False
+        except FileExistsError:
+            pass
+        else:
+            if not os.path.lexists(path):
+                os.replace(tmp, path)
+                return False
     if exchange(tmp, path):
-        _remove(tmp)                           # tmp now holds the old result
-        return
-    old = path.parent / f".{path.name}.old-{_HOST}-{os.getpid()}-{os.urandom(3).hex()}"
-    os.replace(path, old)
+        return True
+    os.replace(path, tmp.parent / "old")
     os.replace(tmp, path)
-    _remove(old)
+    return True
 
 
 @contextmanager

@@ -27,13 +27,13 @@ from safetensors import SafetensorError, safe_open
 from transformers.core_model_loading import revert_weight_conversion
 
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
-from symfusion.families import check_compatible
+from symfusion.families import check_compatible, family_spec
 from symfusion.errors import SymfusionError
 from symfusion.io.folder import INDEX, SINGLE, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
 from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
-from symfusion.io.modelio import copy_auxiliary_files, load_config, skeleton_of
+from symfusion.io.modelio import check_fits_config, copy_auxiliary_files, load_config, model_class, skeleton_of
 from symfusion.symmetry import Transform, apply_transform
 
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -59,19 +59,22 @@ class ShardedFolder:
     `meta_state` and `shards` speak the model's names (what layouts and matching read), `files` and
     `file_keys` the files' (what a rewrite keeps). The index and every shard are checked when the folder is opened
     (symfusion.io.folder.weight_map: plain shard names inside the folder, each tensor where the index says), every
-    tensor's shape and dtype against what config.json implies (check_fits_config), and every tensor read must be
-    finite. `skeleton` is the model built on the meta device (no memory); `ties` its tied parameter names."""
+    tensor's shape and dtype against what config.json implies and every parameter it claims present
+    (modelio.check_fits_config: a claim costs no memory), and every tensor read must be finite. `skeleton` is the
+    model built on the meta device (no memory); `ties` its tied parameter names."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = load_config(self.path)
         self.files, self.index_metadata = weight_map(self.path)          # file key -> shard, as on disk
         self._handles = {}
-        self.skeleton = skeleton_of(self.config, self.path)
+        self.model_class = model_class(self.config, self.files)          # the class whose tensors the folder holds
+        self.skeleton = skeleton_of(self.config, self.path, self.model_class)
         self.names = model_names(self.skeleton, self.files)               # file key -> model key
         self.file_keys = {model: file for file, model in self.names.items()}
         self.weight_map = {self.names[key]: shard for key, shard in self.files.items()}
-        check_fits_config(self.config, self.meta_state(), self.path, self.skeleton)
+        check_fits_config(self.config, {self.file_keys[k]: t for k, t in self.meta_state().items()}, self.path,
+                          complete=True, model=self.skeleton)     # every claimed parameter is in the files
         self.order, self.ties = names_in_folder(self.skeleton, set(self.weight_map))
 
     def handle(self, shard: str):
@@ -159,24 +162,6 @@ def names_in_folder(skeleton: torch.nn.Module, keys: set[str]) -> tuple[list[str
     return order, ties
 
 
-def check_fits_config(config, state: Mapping[str, torch.Tensor], path: Path, skeleton: torch.nn.Module) -> None:
-    """Refuse (one line) a folder whose tensors disagree with what its config.json builds: a shape, or an
-    integer dtype where the model has a floating-point parameter (the rule modelio.load_model applies)."""
-    prefix = getattr(skeleton, "base_model_prefix", "") or ""
-    for name, expected in skeleton.state_dict().items():
-        candidates = (name, f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None)
-        key = next((c for c in candidates if c and c in state), None)
-        if key is None:
-            continue                    # tied weights, or a layer's missing tensor (named by the block check)
-        found = state[key]
-        if tuple(found.shape) != tuple(expected.shape):
-            raise SymfusionError(f"checkpoint {path} stores {key!r} with shape {tuple(found.shape)}, but its "
-                                 f"config.json implies {tuple(expected.shape)}; the checkpoint and its config disagree")
-        if expected.is_floating_point() and not found.is_floating_point():
-            raise SymfusionError(f"checkpoint {path} stores {key!r} as {found.dtype}, not a floating-point type; "
-                                 "re-export the model")
-
-
 class ShardWriter:
     """One safetensors file written tensor by tensor, in any order: header and offsets are fixed up front."""
 
@@ -229,11 +214,14 @@ def check_shard_names(source: ShardedFolder) -> None:
 
 
 def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch.Tensor]) -> None:
-    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose
-    tensors differ in shape from the anchor's tensors of the same name."""
+    """Refuse (one line) a source whose shard names the matched folder needs for its own files, or whose body
+    tensors differ in shape from the anchor's tensors of the same name (task heads may: other label counts)."""
     check_shard_names(source)
-    for key, tensor in source.meta_state().items():
-        if key in anchor_meta and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
+    spec = family_spec(source.config)
+    meta = source.meta_state()
+    heads = set(spec.head_keys(meta)) if spec.body_keys(meta) else set()          # a bare model is all body
+    for key, tensor in meta.items():
+        if key in anchor_meta and key not in heads and tuple(anchor_meta[key].shape) != tuple(tensor.shape):
             raise SymfusionError(f"source and anchor differ in {key!r} ({tuple(tensor.shape)} vs "
                                  f"{tuple(anchor_meta[key].shape)}); they are not models of one architecture")
 

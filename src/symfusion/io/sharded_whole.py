@@ -32,7 +32,8 @@ from symfusion.matching.whole import CHOICE_TOL, choose, summary
 from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
 from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
 from symfusion.measures import SquaredDistances, distance_fields
-from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout, unfold_norms
+from symfusion.stream import (StreamLayout, comparable, fold_norms, foldable, rotate_stream, stream_layout,
+                              unfold_norms)
 from symfusion.symmetry import LayerTransform, ResidualMap, Transform, apply_blocks
 
 
@@ -42,7 +43,12 @@ class _Pair:
     def __init__(self, src: ShardedFolder, anc: ShardedFolder, layout: ModelLayout, stream: StreamLayout):
         self.src, self.anc, self.layout, self.stream, self.cache = src, anc, layout, stream, {}
         in_layers = {k for i in range(layout.num_layers) for k in self.layer_keys(i)}
-        self.outside_keys = [k for k in src.weight_map if k not in in_layers and (k in anc.weight_map or k in anc.ties)]
+        self.outside_keys = [k for k in src.weight_map if k not in in_layers]
+        self.outside: tuple[dict, dict] = ({}, {})    # read once the stream's folds are settled (start)
+
+    def start(self, stream: StreamLayout) -> None:
+        """Settle the stream layout (its foldable norms) and read the tensors outside the layers."""
+        self.stream = stream
         self.outside = self._read(self.outside_keys)
 
     def layer_keys(self, i: int) -> list[str]:
@@ -50,10 +56,17 @@ class _Pair:
         return list(dict.fromkeys(self.layout.stored_keys(self.layout.layer_keys(i))
                                   + [k for k in self.src.weight_map if k.startswith(prefix)]))
 
+    def anchor_part(self, keys: list[str], source: dict) -> dict:
+        """The anchor's stored tensors of `keys` that have a counterpart of their shape in `source` (stored); a name
+        the anchor ties (a tied anchor's lm_head: the folder stores its embedding once) reads the tensor it is."""
+        found = self.anc.read([k for k in keys if k in self.anc.weight_map or k in self.anc.ties], torch.float32)
+        return comparable(source, found)
+
     def _read(self, keys: list[str]) -> tuple[dict, dict]:
+        source = self.src.read(keys, torch.float32)
         states = []
-        for folder in (self.src, self.anc):
-            canonical = self.layout.canonical(folder.read(keys, torch.float32))
+        for stored in (source, self.anchor_part(keys, source)):
+            canonical = self.layout.canonical(stored)
             folds = tuple(f for f in self.stream.folds if f.gain in canonical)
             states.append(fold_norms(canonical, folds))
         return states[0], states[1]
@@ -111,9 +124,8 @@ def _raw_parts(pair: _Pair):
     """The source's and the anchor's canonical tensors as stored (not folded), by part, as descent.parts gives them."""
     for i in [None] + list(range(pair.layout.num_layers)):
         keys = pair.outside_keys if i is None else pair.layer_keys(i)
-        yield (i, *(pair.layout.canonical(folder.read([k for k in keys if k in folder.weight_map or k in folder.ties],
-                                                      torch.float32))
-                    for folder in (pair.src, pair.anc)))
+        source = pair.src.read(keys, torch.float32)
+        yield i, pair.layout.canonical(source), pair.layout.canonical(pair.anchor_part(keys, source))
 
 
 def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Path, config: MatchConfig,
@@ -126,9 +138,13 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
                              "load them and call align() on the modules (with data=...), or use symfusion-match")
     src, anc, src_meta, layout = open_pair(source, anchor)
     stream = stream_layout(layout, src_meta, tied=bool(getattr(src.config, "tie_word_embeddings", False)))
-    group = residual_group(stream, config.residual, layout.family)
-    clock, start = StageClock(), time.perf_counter()
     pair = _Pair(src, anc, layout, stream)
+    norms = [k for f in stream.folds for k in (f.gain, f.bias) if k]               # preconditions: norms to fold
+    source_norms = src.read(norms, torch.float32)
+    stream, kind = foldable(stream, config.residual, [source_norms, pair.anchor_part(norms, source_norms)])
+    pair.start(stream)
+    group = residual_group(stream, kind, layout.family)
+    clock, start = StageClock(), time.perf_counter()
     r, blocks, info = _descent(pair, config, group, clock)
     target = Path(tmp or output)
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
@@ -169,7 +185,7 @@ def _moved_parts(pair: _Pair, r: torch.Tensor, blocks: dict):
     for i in [None] + list(range(pair.layout.num_layers)):
         keys = pair.outside_keys if i is None else pair.layer_keys(i)
         stored_source = pair.src.read(keys, torch.float32)
-        anchor_part = pair.anc.read([k for k in keys if k in pair.anc.weight_map or k in pair.anc.ties], torch.float32)
+        anchor_part = pair.anchor_part(keys, stored_source)
         moved, gains = _move(stored_source, anchor_part, pair.layout, pair.stream, r, {} if i is None else {i: blocks[i]})
         yield i, keys, stored_source, anchor_part, moved, gains
 

@@ -131,7 +131,8 @@ def gauge_gains(moved: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Te
         if fold.bias:
             beta = moved[fold.bias].double()
             a, b = a + beta ** 2, b + beta * anchor[fold.bias].double()
-        d = sum(moved[k].double().pow(2).sum(0) for k in fold.readers)                     # (hidden,) per column
-        e = sum((moved[k].double() * anchor[k].double()).sum(0) for k in fold.readers)
+        readers = [k for k in fold.readers if k in anchor]      # a head of another size has no counterpart
+        d = sum((moved[k].double().pow(2).sum(0) for k in readers), torch.zeros_like(a))   # (hidden,) per column
+        e = sum(((moved[k].double() * anchor[k].double()).sum(0) for k in readers), torch.zeros_like(a))
         gains[fold.gain] = best_scales(a.numpy(), b.numpy(), d.numpy(), e.numpy())
     return gains

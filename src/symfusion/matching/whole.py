@@ -38,7 +38,7 @@ from symfusion.matching.learned import refine_by_loss
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
 from symfusion.measures import distance
-from symfusion.stream import StreamLayout, fold_norms, rotate_stream, stream_layout
+from symfusion.stream import StreamLayout, comparable, fold_norms, foldable, rotate_stream, stream_layout
 from symfusion.symmetry import ResidualMap, Transform, apply_blocks, apply_transform
 
 CHOICE_TOL = 1e-9       # candidates whose folded distances agree to this (relative) are tied: the first listed wins
@@ -98,7 +98,9 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
                              "or loss: give data (symfusion-match task=NAME, or align(..., data=...))")
     clock = StageClock()
     stream = stream_layout(layout, source, tied)
-    group = residual_group(stream, config.residual, layout.family)
+    anchor = comparable(source, anchor)                          # preconditions: heads of other sizes, norms to fold
+    stream, kind = foldable(stream, config.residual, [layout.canonical(source), layout.canonical(anchor)])
+    group = residual_group(stream, kind, layout.family)
     fs = fold_norms(layout.canonical(source), stream.folds)
     fa = fold_norms(layout.canonical(anchor), stream.folds)
     fa.pop(stream.tied_copy, None)                       # the embeddings count once in every distance and product

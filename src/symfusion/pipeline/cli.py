@@ -17,11 +17,12 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
 from symfusion.pipeline.config import (check_values, choice, compose_config, integer, listing, mapping,
                               number, text)
-from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, note, said_on_success
 
 # The exit code of a command stopped by Ctrl-C (SIGINT), as a shell reports a process killed by it, and its line:
 # the output it was writing is not swapped in (outputs.py removes the temp; a previous result stays).
@@ -46,13 +47,16 @@ def error_line(error: BaseException) -> str | None:
 def report_errors(command):
     """Run a stage; bad input and the system's errors end with one line on stderr and exit code 2 (error_line)."""
     def wrapper(cfg: DictConfig):
+        cached = len(marks.WRITTEN)
         try:
             return command(cfg)
         except Exception as error:      # noqa: BLE001 - translated when it is bad input or the system's; else raised
             line = error_line(error)
             if line is None:
                 raise
-            print(line, file=sys.stderr)
+            kept = marks.WRITTEN[cached:]      # caches are no outputs: what this run completed stays, for the next
+            print(line + (f" (kept {len(kept)} cache file(s) it completed, in {kept[0].parent})" if kept else ""),
+                  file=sys.stderr)
             sys.exit(2)
     wrapper.__name__ = command.__name__
     wrapper.__doc__ = command.__doc__
@@ -94,7 +98,7 @@ def match_command(cfg: DictConfig) -> None:
 
     name, matching = cfg.matching.name, _matching(cfg)
     if matching_config(name) != matching:
-        print(f"note: matching={name} overridden to {matching}", file=sys.stderr)
+        note(f"note: matching={name} overridden to {matching}")
     if matching.needs_data and not cfg.get("data_task"):
         raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
                              "the models solve)")
@@ -159,8 +163,9 @@ def merge_command(cfg: DictConfig) -> None:
             print(f"merged with {report['method']} (matching {report['matching']}) in {report['merge_seconds']:.2f}s, "
                   f"evaluated: {summary} -> {cfg.eval_dir}/{report['method']}.json")
         return
-    if cfg.client != "symfusion":
-        raise SymfusionError(f"client={cfg.client} merges with methods=[simple] eval_dir=DIR (evaluated in place)")
+    if cfg.client != "symfusion" or cfg.get("eval_dir"):     # one command, one kind of output: never both
+        raise SymfusionError(f"client={cfg.client} and eval_dir=DIR go with methods=[..] (merged and evaluated in "
+                             "place, no model folder); a merged model folder: fusion=METHOD output=DIR")
     fusion = fusion_config(cfg.fusion.name, _container(cfg.fusion))      # the declared defaults filled in
     report = run_merge(_container(cfg.models), fusion, _task(cfg), cfg.output, _resolved(cfg),
                        tasks=tasks, precision=cfg.precision, statistics=_container(cfg.get("statistics")))
@@ -314,7 +319,8 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    command(cfg)
+    with said_on_success(sys.stderr):       # notes and warnings, after the result; a refusal's line alone
+        command(cfg)
     return 0
 
 
@@ -349,7 +355,7 @@ def entry(config_name: str, command):
     def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else list(argv)
         try:
-            code = warm.run_in_worker(config_name, args)
+            code = warm.run_in_worker(config_name, args, NOTES)     # a note that it did not: said on success
             code = run_command(config_name, args) if code is None else code
         except KeyboardInterrupt:
             print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
@@ -411,9 +417,9 @@ def worker_main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     path = args[0]
-    if os.path.lexists(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        print(f"error: {path} exists already, or its folder does not; the worker makes a new socket",
-              file=sys.stderr)
+    problem = "it exists already" if os.path.lexists(path) else warm.private_socket(path, server=True)
+    if problem:
+        print(f"error: {path}: {problem}; the worker makes a new socket in a folder of your own", file=sys.stderr)
         sys.exit(2)
     keep_freed_memory()
     environment = dict(os.environ)

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
+from symfusion.io.marks import open_lock, write_own
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 LOCK_VARIABLE = "SYMFUSION_HUB_LOCK"
@@ -69,17 +70,16 @@ def read_lock(path: Path | None = None) -> dict[str, dict]:
 def _record(path: Path, key: str, commit: str) -> str:
     """Add `key` -> commit to the lock file under an exclusive lock (concurrent jobs); the commit it holds
     after that (an entry another job recorded first wins)."""
-    guard = path.parent / f".{path.name}.lock"
-    fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, _ = open_lock(path.parent / f".{path.name}.lock")   # never through a link planted under its name (marks.py)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         entries = read_lock(path)
         if key in entries:
             return entries[key]["commit"]
         entries[key] = {"commit": commit, "resolved": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps({"format": LOCK_FORMAT, "revisions": entries}, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        text = json.dumps({"format": LOCK_FORMAT, "revisions": entries}, indent=2, sort_keys=True) + "\n"
+        if not write_own(path, lambda name: Path(name).write_text(text)):
+            raise SymfusionError(f"{path} is not this user's file; move it away, or set {LOCK_VARIABLE} to another path")
         return commit
     finally:
         os.close(fd)

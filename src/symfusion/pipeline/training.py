@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,8 +27,10 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from symfusion.errors import SymfusionError
-from symfusion.io.outputs import folder_marker
+from symfusion.io.marks import HOST, mark, marked_folder, own_folder, remove_own
+from symfusion.io.outputs import folder_marker, swap_in
 
+CHECKPOINT = "checkpoint"          # the kind in a checkpoint folder's mark
 # A folder is a previous output of a trainer when it holds a training report.
 TRAIN_MARKER = folder_marker("train.json", ("best_epoch", "history"))
 
@@ -107,7 +109,8 @@ def checkpoint_dir(output: Path) -> Path:
 
 def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, history: list, fingerprint: str,
                     generator: torch.Generator) -> None:
-    """Model, AdamW moments, RNG states and progress after `epoch`, written atomically."""
+    """Model, AdamW moments, RNG states and progress after `epoch`, written into a new marked folder (marks.py)
+    and swapped in for the previous checkpoint (only ever this trainer's own: training_run checks it)."""
     tensors, seen = {}, set()
     for key, value in model.state_dict().items():
         value = value.detach().cpu().contiguous()
@@ -125,22 +128,22 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, histor
     tensors["rng.generator"] = generator.get_state()
     meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
             "best": {k: v for k, v in best.items() if k != "state"}}
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    output = path.name[1:-len(".checkpoint")]
+    folder = marked_folder(path.parent, f".{output}.tmp-{HOST}-{os.getpid()}-")   # a killed save: a dead writer's temp
     try:
+        tmp = folder / "checkpoint"
+        tmp.mkdir()
+        mark(tmp, CHECKPOINT)
         save_file(tensors, str(tmp / "state.safetensors"))
         (tmp / "progress.json").write_text(json.dumps(meta))
-    except BaseException:               # e.g. no space left: no half-written checkpoint stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+        swap_in(tmp, path)                     # over nothing, or this trainer's own checkpoint (training_run)
+    finally:
+        remove_own(folder)                     # no half-written checkpoint stays (after a swap: the previous one)
 
 
 def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: torch.Generator):
-    """(epoch, best, history) from a checkpoint of the same run, or None to start afresh."""
-    if not (path / "progress.json").is_file():
+    """(epoch, best, history) from a checkpoint of the same run (this trainer's own, marked), or None to start afresh."""
+    if own_folder(path, CHECKPOINT) is None or not (path / "progress.json").is_file():
         return None
     try:
         meta = json.loads((path / "progress.json").read_text())
@@ -165,8 +168,24 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
 
 
 def remove_checkpoint(output: Path) -> None:
-    """Delete the checkpoint of a finished run (only the trainer's own hidden folder)."""
-    shutil.rmtree(checkpoint_dir(output), ignore_errors=True)
+    """Delete the checkpoint of a finished run (only the trainer's own hidden folder, as its mark says)."""
+    remove_own(checkpoint_dir(output), CHECKPOINT)
+
+
+@contextmanager
+def training_run(output):
+    """Around a trainer's run (inside its output claim): refuse a `.NAME.checkpoint` that is not this trainer's
+    own (a link, a user's folder, another user's files: never read, written or removed); remove the checkpoint
+    when the run ends in an error (no bookkeeping stays behind a refusal); an interruption keeps it to resume."""
+    path = checkpoint_dir(Path(output))
+    if os.path.lexists(path) and own_folder(path, CHECKPOINT) is None:
+        raise SymfusionError(f"{path} is not a checkpoint this trainer wrote (a link, or another's folder); move it "
+                             "away, or choose another output")
+    try:
+        yield
+    except Exception:
+        remove_own(path, CHECKPOINT)
+        raise
 
 
 # ---------------------------------------------------------------- the loop
@@ -174,7 +193,7 @@ def remove_checkpoint(output: Path) -> None:
 def train_epoch(loader, optimizer, scheduler, description: str, batch_loss) -> float:
     """One pass over `loader` (the caller sets train mode): step on batch_loss(batch); the mean training loss."""
     running = 0.0
-    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False)
+    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False, disable=None)   # no bar in a log
     for batch in bar:
         loss = batch_loss(batch)
         optimizer.zero_grad(set_to_none=True)

@@ -24,6 +24,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -36,6 +37,7 @@ PER_JOB = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
                      "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "TMPDIR", "TEMP", "TEMPDIR", "TMP",
                      "SHLVL", "PS1", "_", "PWD", "OLDPWD", VARIABLE})
 HEADER = struct.Struct("!I")          # byte length of the request's JSON that follows it
+CREDENTIALS = struct.Struct("3i")     # SO_PEERCRED: pid, uid, gid
 PR_SET_PDEATHSIG = 1                  # prctl(2): a signal for this process when its parent exits
 
 
@@ -59,15 +61,45 @@ def _installation() -> str:
 # ------------------------------------------------------------------------------------------ the command's side
 
 
-def run_in_worker(command: str, argv: list[str]) -> int | None:
-    """Run `command argv` in the warm worker named by $SYMFUSION_WORKER: its exit code, or None when none serves."""
+def private_socket(path: str, server: bool = False) -> str | None:
+    """Why `path` cannot be this user's worker socket (None when it can): its folder must be a real folder of this
+    user that nobody else may write (else another user could put a socket of theirs in its place and receive the
+    jobs' streams and environment); a client also wants the socket itself to be this user's."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return f"its folder {folder} does not exist"
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return f"its folder {folder} is not a folder of this user that only this user may write"
+    if not server:
+        try:
+            found = os.lstat(path)
+        except OSError:
+            return "there is no socket"
+        if not stat.S_ISSOCK(found.st_mode) or found.st_uid != os.geteuid():
+            return f"{path} is not a socket of this user"
+    return None
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    return CREDENTIALS.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size))[1]
+
+
+def run_in_worker(command: str, argv: list[str], notes: list | None = None) -> int | None:
+    """Run `command argv` in the warm worker named by $SYMFUSION_WORKER: its exit code, or None when none serves.
+    `notes`: where a note that the worker did not take the job goes (printed on stderr when None)."""
     path = os.environ.get(VARIABLE)
-    if not path:
+    if not path or private_socket(path) is not None:
         return None
     try:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(path)
     except OSError:
+        return None
+    if peer_uid(connection) != os.geteuid():      # a worker of another user never gets this job's streams
+        connection.close()
         return None
     with connection:
         try:
@@ -83,8 +115,12 @@ def run_in_worker(command: str, argv: list[str]) -> int | None:
             for line in replies:
                 reply = json.loads(line)
                 if "refused" in reply:
-                    print(f"note: the warm worker did not take this job ({reply['refused']}); "
-                          "it runs in its own process", file=sys.stderr, flush=True)
+                    note = (f"note: the warm worker did not take this job ({reply['refused']}); "
+                            "it runs in its own process")
+                    if notes is None:
+                        print(note, file=sys.stderr, flush=True)
+                    else:
+                        notes.append(note)
                     return None
                 if "exit" in reply:
                     return int(reply["exit"])
@@ -182,6 +218,7 @@ class _Worker:
             self.listener.bind(path)
         finally:
             os.umask(old_mask)
+        self.bound = os.lstat(path).st_ino           # close() removes this socket, never what replaced it
         self.listener.listen(16)
         self.jobs: dict[int, _Job] = {}
 
@@ -210,6 +247,10 @@ class _Worker:
 
     def accept(self) -> None:
         connection, _ = self.listener.accept()
+        if peer_uid(connection) != os.geteuid():     # only this user's commands run here
+            self.say("refused a connection of another user")
+            connection.close()
+            return
         try:
             request, fds = _read_request(connection)
         except (OSError, ValueError) as error:
@@ -273,8 +314,11 @@ class _Worker:
         signal.set_wakeup_fd(-1)
         os.close(self.wakeup)
         os.close(self.woken)
-        if os.path.exists(path):
-            os.unlink(path)
+        try:
+            if os.lstat(path).st_ino == self.bound:
+                os.unlink(path)
+        except OSError:
+            pass
         own = os.times()
         self.say(f"usage: symfusion-worker user {own.user + own.children_user:.2f} s, "
                  f"system {own.system + own.children_system:.2f} s (its jobs included)")

@@ -244,8 +244,16 @@ def usage_error(message: str) -> int:
     return 2
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors as one `error:` line (exit 2), as every symfusion command's; --help shows
+    the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see symfusion-compare --help\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="symfusion-compare", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="symfusion-compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="results/<profile> of the run to check")
     parser.add_argument("--figures", type=Path, help="its figures dir (default: the one its report.md shows)")
     parser.add_argument("--reference", type=Path, help="reference results dir (default: reference/<profile>)")

@@ -22,7 +22,7 @@ import matplotlib
 from symfusion.pipeline.config import CONF_DIR
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS
-from symfusion.io.outputs import safe_output
+from symfusion.io.outputs import safe_output, writing_together
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the writers' plotting module, without a display)
@@ -243,7 +243,7 @@ def write_claimed(claims: dict, output: Path, built: Built) -> None:
                 for key, data in built.files.items()}
     if set(contents) != set(claims):
         raise SymfusionError(f"internal: the artefact built {sorted(map(str, contents))}, claimed {sorted(map(str, claims))}")
-    with ExitStack() as stack:
-        for path, data in contents.items():
-            tmp = stack.enter_context(claims[path].writing())
-            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    paths = list(contents)
+    with writing_together([claims[path] for path in paths]) as temps:   # all swapped in together, or none
+        for path, tmp in zip(paths, temps):
+            tmp.write_bytes(contents[path].encode() if isinstance(contents[path], str) else contents[path])

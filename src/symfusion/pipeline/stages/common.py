@@ -41,10 +41,11 @@ def check_same_shapes(models: list, dirs: list[Path]) -> None:
                 )
 
 
-def load_models(paths: list[str], same_shapes: bool = True) -> list[torch.nn.Module]:
+def load_models(paths: list[str], same_shapes: bool = True, use: str = "merge") -> list[torch.nn.Module]:
     """Models in order (the first is the anchor), after checking they exist, are compatible and finite.
 
-    same_shapes=False allows different task heads (models of different tasks whose bodies are fused).
+    same_shapes=False allows different task heads (models of different tasks whose bodies are fused); use: what
+    the models are loaded for, "match" or "merge" (families.FUNCTION_FIELDS: which config differences may pass).
     """
     if not paths or len(paths) < 2:
         raise SymfusionError("models=[ANCHOR,SOURCE,...] needs at least two model folders")
@@ -54,7 +55,7 @@ def load_models(paths: list[str], same_shapes: bool = True) -> list[torch.nn.Mod
             raise SymfusionError(f"model folder {path} does not exist")
     configs = [load_config(p) for p in dirs]
     for path, config in zip(dirs[1:], configs[1:]):
-        check_compatible(config, configs[0], str(path), str(dirs[0]))
+        check_compatible(config, configs[0], str(path), str(dirs[0]), use=use)
     models = [load_model(p) for p in dirs]                # each checked finite by load_model
     if same_shapes:
         check_same_shapes(models, dirs)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from symfusion.api import align
-from symfusion.io.modelio import load_config, skeleton_of
+from symfusion.io.folder import weight_map
+from symfusion.io.modelio import load_config, model_class, skeleton_of
 from symfusion.io.provenance import provenance
 from symfusion.matching import MatchConfig
 from symfusion.pipeline.stages.common import require_folder
@@ -17,7 +18,9 @@ def run_match(source: str, anchor: str, output: str, matching: MatchConfig, matc
     source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
     data = origin = None
     if data_task is not None:
-        data_task.check_model(skeleton_of(load_config(source_dir), source_dir), str(source_dir))
+        config = load_config(source_dir)            # the model its tensors are (modelio.model_class), on the meta device
+        data_task.check_model(skeleton_of(config, source_dir, model_class(config, weight_map(source_dir)[0])),
+                              str(source_dir))
         data = data_task.statistic_batches(data_batches, source_dir)
         origin = {"task": data_task.name, "batches": len(data)}
     _, report = align(source_dir, anchor_dir, matching, output, layers=layers, last_layers=last_layers,

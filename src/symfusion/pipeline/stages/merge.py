@@ -14,7 +14,7 @@ from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
 from symfusion.fusion.common import batches_of
 from symfusion.io.modelio import compute_device, copy_auxiliary_files, write_json
-from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.outputs import folder_marker, safe_output, writing_together
 from symfusion.io.provenance import provenance
 from symfusion.presets import load_preset
 from symfusion.pipeline.training import autocast, use_autocast
@@ -180,7 +180,7 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
             origin = {**merge_origin(merge), "fusion": fusion}
             reports.append(evaluation_report(None, origin, results, "test", time.perf_counter() - start, stamp))
         files.check_all_used()
-        for claim, report in zip(claims, reports):   # written together at the end: no partial set on failure
-            with claim.writing() as tmp:
+        with writing_together(claims) as temps:      # all appear together at the end, or none
+            for tmp, report in zip(temps, reports):
                 write_json(report, tmp)
     return reports

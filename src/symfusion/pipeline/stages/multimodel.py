@@ -21,7 +21,7 @@ from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.multi import METHODS, match_group, pairwise_distances, pairwise_sq
 from symfusion.measures import distance
 from symfusion.io.modelio import copy_auxiliary_files, write_json
-from symfusion.io.outputs import file_marker, folder_marker, safe_output
+from symfusion.io.outputs import file_marker, folder_marker, safe_output, writing_together
 from symfusion.io.provenance import provenance
 from symfusion.io.rewrite import as_stored, plan_like, write_like
 from symfusion.io.checks import tolerance_for
@@ -35,7 +35,7 @@ MODELS_MARKER = folder_marker("models.json", ("models", "multi"))
 
 def load_group(model_dirs: list[str]):
     """(dirs, models, states, layout) for k >= 2 compatible, finite model folders."""
-    models = load_models(model_dirs)            # existence, compatibility, finiteness, equal shapes
+    models = load_models(model_dirs, use="match")   # existence, compatibility, finiteness, equal shapes
     dirs = [Path(p) for p in model_dirs]
     states = [m.state_dict() for m in models]
     layouts = [layout_of(m.config, s) for m, s in zip(models, states)]
@@ -136,14 +136,14 @@ def run_multimodel(
             "joint_vs_sequential": joint_gains(states, layout),
             "provenance": provenance(resolved_config),
         }
-        if models_claim is not None:       # last: load_state_dict writes into the tensors `states` hold
-            matched, transforms = matched_by_method[multi]
-            report["output_models_multi"] = multi
-            with models_claim.writing() as tmp:
-                report["output_models"] = write_models(dirs, models, matched, transforms, tmp, output_models_dir,
-                                                       max_relative_output_change)
+        claims = [c for c in (models_claim, report_claim) if c is not None]
+        with writing_together(claims) as temps:    # both outputs appear together, or neither
+            if models_claim is not None:       # last: load_state_dict writes into the tensors `states` hold
+                matched, transforms = matched_by_method[multi]
+                report["output_models_multi"] = multi
+                report["output_models"] = write_models(dirs, models, matched, transforms, temps[0],
+                                                       output_models_dir, max_relative_output_change)
                 write_json({"models": report["output_models"], "multi": multi, "provenance": report["provenance"]},
-                           tmp / "models.json")
-        with report_claim.writing() as tmp:
-            write_json(report, tmp)
+                           temps[0] / "models.json")
+            write_json(report, temps[-1])
     return report

@@ -17,6 +17,7 @@ import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from symfusion.errors import SymfusionError
+from symfusion.families import token_limit
 from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text.bpe import tokenizer_digest, tokenizer_from_json, train_bpe
@@ -126,6 +127,10 @@ class CausalLMTask(Task):
     def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
         """Refuse (one line) a model that is no causal LM of a supported family."""
         super().check_model(model, where, model_dir)
+        limit = token_limit(model.config)
+        if limit is not None and self.block_size > limit:
+            raise SymfusionError(f"task {self.name} reads blocks of {self.block_size} tokens, but {where} holds {limit} "
+                                 "(its max_position_embeddings); lower task.block_size")
         if type(model).__name__ not in CAUSAL_LM_CLASSES:
             raise SymfusionError(f"{where} is a {type(model).__name__}, not a causal language model; task {self.name} "
                                  "scores next-token predictions: give a *ForCausalLM folder (e.g. trained with "

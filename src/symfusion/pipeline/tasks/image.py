@@ -19,7 +19,7 @@ from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
 from symfusion.pipeline.tasks.base import Task, plain
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
-                                remove_checkpoint, use_autocast)
+                                remove_checkpoint, training_run, use_autocast)
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -161,7 +161,7 @@ def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed:
                            resolved_config: dict | None = None, precision: str = "auto") -> dict:
     """Train a ViT on splits["train"], keep the best epoch on splits["validation"], save atomically.
     precision: training.use_autocast (auto: bfloat16 autocast and TF32 on a GPU, float32 on the CPU)."""
-    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, is_dir=True) as claim:
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, is_dir=True) as claim, training_run(output_dir):
         return _train_vit(claim, Path(output_dir), splits, model_cfg, seed, epochs, batch_size, lr, weight_decay,
                           warmup_ratio, eval_batch_size, augmentation, resolved_config, precision)
 

@@ -21,7 +21,7 @@ from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.pipeline.data.text.bpe import tokenizer_digest
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
-                                         remove_checkpoint, use_autocast)
+                                         remove_checkpoint, training_run, use_autocast)
 from symfusion.io.provenance import provenance
 
 SCHEDULE = "cosine"        # linear warmup, then cosine decay to 0 (training.warmup_cosine), as LM pretraining does
@@ -112,7 +112,7 @@ def train_causal_lm(output_dir: str, build: Callable[[], torch.nn.Module], token
                              "lower batch_size or raise the task's limit")
     if len(validation_blocks) == 0:
         raise SymfusionError("the validation split has no blocks; raise the task's limit or lower block_size")
-    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=inputs or [], is_dir=True) as claim:
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=inputs or [], is_dir=True) as claim, training_run(output_dir):
         return _train(claim, Path(output_dir), build, tokenizer, train_blocks, validation_blocks, seed, epochs,
                       batch_size, lr, weight_decay, warmup_ratio, eval_batch_size, resolved_config, record or {},
                       precision)

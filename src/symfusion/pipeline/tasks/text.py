@@ -12,6 +12,7 @@ import transformers
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
+from symfusion.families import token_limit
 from symfusion.io.modelio import compute_device, load_tokenizer, to_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.pipeline.packing import padding_free, token_maps
@@ -21,7 +22,7 @@ from symfusion.pipeline.tasks.text_encoding import (copy_head, encode_examples, 
                                            text_loader)
 from symfusion.pipeline.text_metrics import get_metric
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, fit, linear_schedule, loader_options,
-                                remove_checkpoint, use_autocast)
+                                remove_checkpoint, training_run, use_autocast)
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -67,6 +68,10 @@ class TextTask(Task):
     def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:
         """Also refuse (one line) a model whose vocabulary the token ids of model_dir's tokenizer would overrun
         (in evaluation and in the statistic batches of Fisher, RegMean and OT merges)."""
+        limit = token_limit(model.config)
+        if limit is not None and int(self.cfg.max_length) > limit:
+            raise SymfusionError(f"task {self.name} reads up to max_length={self.cfg.max_length} tokens, but {where} "
+                                 f"holds {limit} (its max_position_embeddings); lower task.max_length")
         super().check_model(model, where)
         vocabulary = getattr(model.config, "vocab_size", None)
         if model_dir is not None and vocabulary is not None and len(load_tokenizer(model_dir)) > vocabulary:
@@ -165,7 +170,7 @@ def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int,
                         base_model_record: dict | None = None, precision: str = "auto") -> dict:
     """Fine-tune base_model_dir on splits.splits["train"], keep the best epoch on "validation", save atomically."""
     _check_inputs(base_model_dir, splits, metric, epochs, batch_size)
-    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim:
+    with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim, training_run(output_dir):
         return _finetune(claim, Path(output_dir), base_model_dir, splits, seed, epochs, batch_size, lr, weight_decay,
                          warmup_ratio, max_length, metric, eval_batch_size, resolved_config, base_model_record,
                          precision)

@@ -112,9 +112,9 @@ def build_standins(output: str | Path = DEFAULT_OUTPUT, seed: int = 0) -> dict:
         manifest = _manifest(output, seed, _file_hashes(tmp))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         old = None
-        if output.exists():
-            old = output.parent / f".{output.name}.old-{os.getpid()}"
-            os.replace(output, old)
+        if output.exists():              # moved aside into a new folder of its own (never over a planted name)
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+            os.replace(output, old / "old")
         os.replace(tmp, output)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

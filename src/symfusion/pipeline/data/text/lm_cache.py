@@ -5,22 +5,22 @@ LM_SCHEMA (bump it when lm.py's reading, cleaning or splitting of documents chan
 files' names and sizes, and the split seed; for the tokenizer its settings, for blocks the block size, the split and
 the digest of the tokenizer that cut them (its whole tokenizer.json). Blocks are stored whole (before the task's
 limit), as int32 safetensors. A file is written beside its name and renamed into place, so neither a killed job nor
-two jobs writing at once leave a partial file. Without a cache_dir nothing is cached. It saves a pipeline job about
+two jobs writing at once leave a partial file; an entry is read or replaced only when it is this user's own plain
+file (marks.py), so nothing planted under its name is read. Without a cache_dir nothing is cached. It saves a pipeline job about
 3 CPU seconds: reading the Rotten Tomatoes file (about 1 s) and tokenising a split or two.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
+from symfusion.io.marks import read_own, write_own
 from symfusion.pipeline.data.text.lm import LM_CORPORA
 
 LM_SCHEMA = 1
@@ -41,42 +41,31 @@ def cache_path(cache_dir: str | Path, kind: str, suffix: str, **parts) -> Path:
     return Path(cache_dir) / f"lm-{kind}-{hashlib.sha256(record.encode()).hexdigest()[:24]}.{suffix}"
 
 
-def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(name)
-        os.chmod(name, 0o644)              # mkstemp creates 0600
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-
-
 def cached_text(path: Path | None, compute: Callable[[], str]) -> str:
     """The text in `path`, else compute() written there (path None: no cache)."""
-    if path is not None and path.is_file():
+    data = read_own(path) if path is not None else None        # only this user's own entry (marks.py)
+    if data is not None:
         try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
             pass                           # unreadable: computed again and replaced
     text = compute()
     if path is not None:
-        _write_atomically(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
+        write_own(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
     return text
 
 
 def cached_blocks(path: Path | None, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The (rows, L) int64 blocks in `path`, else compute() written there as int32 (path None: no cache)."""
-    if path is not None and path.is_file():
+    data = read_own(path) if path is not None else None
+    if data is not None:
         try:
-            return load_file(str(path))["blocks"].to(torch.int64)
-        except (OSError, SafetensorError, KeyError):
+            return load(data)["blocks"].to(torch.int64)
+        except (SafetensorError, KeyError):
             pass
     blocks = compute()
     if path is not None:
         if blocks.numel() and int(blocks.max()) >= 2**31:
             return blocks                  # ids beyond int32: not cached
-        _write_atomically(path, lambda name: save_file({"blocks": blocks.to(torch.int32).contiguous()}, name))
+        write_own(path, lambda name: save_file({"blocks": blocks.to(torch.int32).contiguous()}, name))
     return blocks

