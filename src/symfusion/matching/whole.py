@@ -169,11 +169,13 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     info = {"group": group, "residual_solve": config.residual_solve, "folded_distance_blocks_only": start,
             "descent": history, "folded_distance": distance, "chosen": chosen,
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final}
+    gains = None
     if config.refine == "loss":
         with clock("refine"):
-            r, blocks, info["refine"] = refine_by_loss(fs, fa, layout, stream, r, blocks, data.model, data.batches,
-                                                       config.refine_steps)
+            r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
+                                                              data.batches, config.refine_settings())
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-    transform = unfolded(fs, anchor, layout, stream, r, blocks)
+    transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
+        Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()}, residual=ResidualMap(r, gains))
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)
