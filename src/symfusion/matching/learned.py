@@ -16,7 +16,8 @@ data's batches in a fixed order, with a cosine-decayed learning rate, for a fixe
   position's rotation; any invertible map of the non-rotary dims), and for gated FFNs (SwiGLU) a scale
   exp(s) per neuron (symmetry.py);
 so every iterate is an exact symmetry. The discrete parts (head, FFN and residual permutations) stay as found.
-The refined transform is kept only if its midpoint loss over all batches is below the descent's.
+The refined transform is kept only if its midpoint loss (on the first CHECK_BATCHES batches) is below the
+descent's.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from symfusion.stream import StreamLayout, centred_basis, is_signed_permutation,
 from symfusion.symmetry import LayerTransform, Transform, apply_blocks, plane_rotations
 
 GROUPS = ("orthogonal", "general")
+CHECK_BATCHES = 16          # the midpoint loss that decides whether the refinement is kept: on the first batches
 SCHEDULES = ("constant", "cosine")
 
 
@@ -219,7 +221,8 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     def midpoint_loss() -> float:
         with torch.no_grad():
             cur = state()
-            return math.fsum(path.loss(*cur, 0.5, b).item() for b in batches) / len(batches)
+            check = batches[:CHECK_BATCHES]
+            return math.fsum(path.loss(*cur, 0.5, b).item() for b in check) / len(check)
 
     before = midpoint_loss()
     lo, hi = settings.alphas
