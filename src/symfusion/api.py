@@ -19,7 +19,6 @@ transform.safetensors).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -95,7 +94,7 @@ def _scale_summary(transform) -> dict:
 
 def report_of(name: str | None, config: MatchConfig, fields: dict, transform, data) -> dict:
     """The match report, one format for modules and folders (a folder's match.json adds where it was written)."""
-    return {"matching": name, "matching_config": asdict(config), "family": fields.pop("family"),
+    return {"matching": name, "matching_config": config.as_report(), "family": fields.pop("family"),
             "layers": fields.pop("layers"), **fields, "scales": _scale_summary(transform),
             "data": None if not data else {"batches": len(data)}}
 

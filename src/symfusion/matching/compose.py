@@ -130,6 +130,10 @@ class MatchConfig:
                                  "matching.residual=permutation, orthogonal or auto")
         self.refine_settings()                                 # checks the refine_* settings
 
+    def as_report(self) -> dict:
+        """The settings as a report (match.json) states them: JSON values, refine_alphas a list."""
+        return {**dataclasses.asdict(self), "refine_alphas": list(self.refine_alphas)}
+
     def refine_settings(self) -> RefineSettings:
         """The learned refinement's settings (matching/learned.py)."""
         return RefineSettings(steps=self.refine_steps, learning_rate=self.refine_lr, schedule=self.refine_schedule,
