@@ -22,7 +22,6 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -150,7 +149,7 @@ def _scale_summary(transform) -> dict:
 def report_of(name: str | None, config: MatchConfig, fields: dict, transform, data, notes=()) -> dict:
     """The match report, one format for modules and folders (a folder's match.json adds where it was written);
     notes: the config differences matching proceeded with (families.FUNCTION_FIELDS), each once."""
-    return {"matching": name, "matching_config": asdict(config), "family": fields.pop("family"),
+    return {"matching": name, "matching_config": config.as_report(), "family": fields.pop("family"),
             "layers": fields.pop("layers"), **fields, "scales": _scale_summary(transform),
             "data": None if not data else {"batches": len(data)}, "notes": list(dict.fromkeys(notes))}
 

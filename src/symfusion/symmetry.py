@@ -8,7 +8,13 @@ for head h with an orthogonal R (d x d) and a scale a != 0 (paper eq. 4, 5 and 1
     W_O^h -> W_O^h R / a                              (columns of head h; b_O unchanged)
 and for the FFN with a permutation given as an index vector perm (new neuron j = old perm[j])
     W_i -> W_i[perm], b_i -> b_i[perm], W_o -> W_o[:, perm]      (b_o unchanged)
-Each of these leaves the model's function unchanged.
+Each of these leaves the model's function unchanged. Beyond the paper, the full linear group of each head
+(the learned refinement, matching/learned.py): an invertible M (d x d) acts after R and a as
+    W_Q^h -> M^T W_Q^h, b_Q^h -> b_Q^h M,   W_K^h -> M^-1 W_K^h, b_K^h -> b_K^h M^-T      (m_qk: q.k kept)
+    W_V^h -> M^T W_V^h, b_V^h -> b_V^h M,   W_O^h -> W_O^h M^-T                            (m_vo)
+(under RoPE M must commute with every position's rotation: a scale and a rotation per plane), and a gated
+FFN (SwiGLU: act(W_g x) * (W_i x)) keeps its function when neuron j of W_i (row, bias) is multiplied by
+c_j and column j of W_o divided by it (ffn_scale, after the permutation).
 
 Decoders (arch.py): with grouped-query attention R_qk, a_qk, R_vo, a_vo are per KV head j and
 act on the rows of all `group` query heads j*group .. j*group + group - 1 (query side, output
@@ -47,12 +53,15 @@ class LayerTransform:
     a_vo: torch.Tensor | None = None      # (kv_heads,) nonzero
     ffn_perm: torch.Tensor | None = None  # (ffn,) long, a permutation
     head_perm: torch.Tensor | None = None  # (heads,) long: new query head h = old head_perm[h], whole KV groups
+    m_qk: torch.Tensor | None = None      # (kv_heads, d, d) invertible, after r_qk, a_qk (under RoPE: commuting with it)
+    m_vo: torch.Tensor | None = None      # (kv_heads, d, d) invertible, after r_vo, a_vo
+    ffn_scale: torch.Tensor | None = None  # (ffn,) nonzero, gated FFNs only, after ffn_perm
 
     def is_identity(self) -> bool:
         return all(getattr(self, name) is None for name in PARTS)
 
 
-PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm", "head_perm")
+PARTS = ("r_qk", "a_qk", "r_vo", "a_vo", "ffn_perm", "head_perm", "m_qk", "m_vo", "ffn_scale")
 
 
 @dataclass
@@ -206,14 +215,32 @@ def _apply_attention(out: dict, att: AttentionLayout, t: LayerTransform) -> None
     if inv_vo is not None:
         weight = scale_columns(weight, per_query_head(inv_vo, att.group))
     out[att.output.weight] = weight
+    if t.m_qk is not None:
+        inverse_t = torch.linalg.inv(t.m_qk).transpose(1, 2)             # M^-T: rotate_rows(W, M^-T) = M^-1 W
+        for proj in att.query_like:
+            _move_projection(out, proj, per_query_head(t.m_qk, att.group), None)
+        for proj in att.key_like:
+            _move_projection(out, proj, inverse_t, None)
+    if t.m_vo is not None:
+        _move_projection(out, att.value, t.m_vo, None)
+        inverse_t = torch.linalg.inv(t.m_vo).transpose(1, 2)
+        out[att.output.weight] = rotate_columns(out[att.output.weight], per_query_head(inverse_t, att.group))
 
 
-def _apply_ffn(out: dict, ffn: FFNLayout, perm: torch.Tensor) -> None:
-    for proj in (ffn.input, ffn.gate) if ffn.gate is not None else (ffn.input,):
-        out[proj.weight] = out[proj.weight][perm]
-        if proj.bias is not None:
-            out[proj.bias] = out[proj.bias][perm]
-    out[ffn.output.weight] = out[ffn.output.weight].index_select(1, perm)
+def _apply_ffn(out: dict, ffn: FFNLayout, perm: torch.Tensor | None, scale: torch.Tensor | None = None) -> None:
+    if perm is not None:
+        for proj in (ffn.input, ffn.gate) if ffn.gate is not None else (ffn.input,):
+            out[proj.weight] = out[proj.weight][perm]
+            if proj.bias is not None:
+                out[proj.bias] = out[proj.bias][perm]
+        out[ffn.output.weight] = out[ffn.output.weight].index_select(1, perm)
+    if scale is not None:
+        if ffn.gate is None:
+            raise SymfusionError("a per-neuron FFN scale keeps the function of gated FFNs (SwiGLU) only")
+        out[ffn.input.weight] = out[ffn.input.weight] * scale.to(out[ffn.input.weight].dtype)[:, None]
+        if ffn.input.bias is not None:
+            out[ffn.input.bias] = out[ffn.input.bias] * scale.to(out[ffn.input.bias].dtype)
+        out[ffn.output.weight] = out[ffn.output.weight] / scale.to(out[ffn.output.weight].dtype)[None, :]
 
 
 def apply_transform(
@@ -236,8 +263,8 @@ def apply_blocks(canonical: Mapping[str, torch.Tensor], layout: ModelLayout,
             raise SymfusionError(f"transform names layer {i}, but the model has {layout.num_layers} layers")
         layer = layout.layers[i]
         _apply_attention(out, layer.attention, t)
-        if t.ffn_perm is not None:
-            _apply_ffn(out, layer.ffn, t.ffn_perm)
+        if t.ffn_perm is not None or t.ffn_scale is not None:
+            _apply_ffn(out, layer.ffn, t.ffn_perm, t.ffn_scale)
     return out
 
 

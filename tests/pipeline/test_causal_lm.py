@@ -218,6 +218,15 @@ def test_statistic_batches_are_seeded_validation_blocks(trained):
                        torch.cat([b["input_ids"] for b in batches]))
 
 
+def test_statistic_batches_of_the_train_split_are_seeded_train_blocks(trained):
+    root, task, _ = trained
+    batches = task.statistic_batches(2, root / "m0", split="train")
+    rows = {tuple(r) for r in task.blocks("train", load_tokenizer(root / "m0")).tolist()}
+    assert len(batches) == 2 and all(tuple(r) in rows for b in batches for r in b["input_ids"].tolist())
+    with pytest.raises(SymfusionError, match="test split scores"):
+        task.statistic_batches(1, root / "m0", split="test")
+
+
 def test_the_task_refuses_what_it_cannot_train_or_score(trained, tmp_path):
     root, task, _ = trained
     with pytest.raises(SymfusionError, match="no decoder LLM config"):

@@ -67,7 +67,8 @@ class Batches:
     def check_model(self, model, where):
         pass
 
-    def statistic_batches(self, count, folder):
+    def statistic_batches(self, count, folder, split="validation"):
+        assert split == "validation"            # run_match's default (symfusion-match data_split)
         return self.data[:count]
 
 

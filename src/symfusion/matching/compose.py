@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
@@ -25,6 +25,9 @@ from symfusion.matching.baselines import match_attention_permutation, match_ffn_
 from symfusion.matching.heads import match_heads
 from symfusion.matching.permutation import match_ffn_permutation
 from symfusion.matching.joint import match_attention_joint
+from symfusion.matching.learned import GROUPS as REFINE_GROUPS
+from symfusion.matching.learned import SCHEDULES as REFINE_SCHEDULES
+from symfusion.matching.learned import RefineSettings
 from symfusion.matching.joint import qk_norms as _source_norms_qk
 from symfusion.matching.joint import vo_norms as _source_norms_vo
 from symfusion.matching.rescale import best_scales
@@ -52,6 +55,11 @@ def _choice(key: str, value, choices: tuple) -> None:
         raise SymfusionError(f"matching.{key}={value!r}; choose one of {', '.join(choices)}")
 
 
+def _number(key: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SymfusionError(f"matching.{key}={value!r} must be a number")
+
+
 def _flag(key: str, value, optional: bool = False) -> None:
     if not (isinstance(value, bool) or (optional and value is None)):
         raise SymfusionError(f"matching.{key}={value!r} must be true or false" + (" or null" if optional else ""))
@@ -68,8 +76,9 @@ class MatchConfig:
     residual: also map the residual stream shared by all layers (matching/whole.py): permutation (signed
     for RMSNorm), orthogonal (pre-norm families, norms folded) or auto (orthogonal where exact).
     residual_solve: its first estimate from the weights no block touches, or from the two models'
-    activations (needs data). refine: `loss` then lowers the loss of the two models' midpoint over the
-    continuous part of the symmetry (matching/learned.py, needs data) for refine_steps steps.
+    activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
+    the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
+    (learned.RefineSettings, which checks their ranges).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -83,6 +92,11 @@ class MatchConfig:
     residual_solve: str = "weights"
     refine: str = "none"
     refine_steps: int = 200
+    refine_lr: float = 1e-2
+    refine_schedule: str = "cosine"
+    refine_alphas: tuple[float, float] = (0.5, 0.5)
+    refine_group: str = "orthogonal"
+    refine_gauge: bool = True
 
     def __post_init__(self):
         _choice("attention", self.attention, ATTENTION_CHOICES)
@@ -95,6 +109,16 @@ class MatchConfig:
         _choice("refine", self.refine, REFINE_CHOICES)
         if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 1:
             raise SymfusionError(f"matching.refine_steps={self.refine_steps!r} must be an integer >= 1")
+        _number("refine_lr", self.refine_lr)
+        _choice("refine_schedule", self.refine_schedule, REFINE_SCHEDULES)
+        if isinstance(self.refine_alphas, (str, bytes)) or not isinstance(self.refine_alphas, Sequence) \
+                or len(self.refine_alphas) != 2:
+            raise SymfusionError(f"matching.refine_alphas={self.refine_alphas!r} must be a list [lo, hi]")
+        for alpha in self.refine_alphas:
+            _number("refine_alphas", alpha)
+        object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
+        _choice("refine_group", self.refine_group, REFINE_GROUPS)
+        _flag("refine_gauge", self.refine_gauge)
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
         if self.joint and not (self.attention == "rotation" and self.rescale):
@@ -104,6 +128,16 @@ class MatchConfig:
         if (self.residual_solve != "weights" or self.refine != "none") and self.residual == "none":
             raise SymfusionError("matching.residual_solve and matching.refine act on the residual map: set "
                                  "matching.residual=permutation, orthogonal or auto")
+        self.refine_settings()                                 # checks the refine_* settings
+
+    def as_report(self) -> dict:
+        """The settings as a report (match.json) states them: JSON values, refine_alphas a list."""
+        return {**dataclasses.asdict(self), "refine_alphas": list(self.refine_alphas)}
+
+    def refine_settings(self) -> RefineSettings:
+        """The learned refinement's settings (matching/learned.py)."""
+        return RefineSettings(steps=self.refine_steps, learning_rate=self.refine_lr, schedule=self.refine_schedule,
+                              alphas=self.refine_alphas, group=self.refine_group, gauge=self.refine_gauge)
 
     @property
     def needs_data(self) -> bool:

@@ -1,19 +1,28 @@
-"""Learned refinement: the continuous part of a symmetry moved to lower the loss of the two models' midpoint.
+"""Learned refinement: the continuous part of the whole symmetry moved to lower the loss along the merge path.
 
-Weight matching minimises a distance between parameters; a merge needs a low loss between the models.
-As in Theus et al.'s learned matching (Generalized LMC for Transformers), the continuous coordinates of the
-transform the descent found are refined by gradient steps (Adam, LEARNING_RATE) on the task loss of the
-midpoint of the folded pair, (fold(anchor) + T(fold(source))) / 2, over the data's batches in turn:
+Weight matching minimises a distance between parameters; a merge needs a low loss between the models. As in
+Theus et al.'s learned matching (Generalized LMC for Transformers), the continuous coordinates of the
+transform the descent found are refined by Adam steps on the task loss of points of the path
+    theta(alpha) = alpha anchor + (1 - alpha) T(source)
+as stored (the weights a merge averages), alpha drawn uniformly from `alphas` at each step (seeded), over the
+data's batches in a fixed order, with a cosine-decayed learning rate, for a fixed number of steps:
 - the residual rotation as R0 expm(S - S^T) (LayerNorm: on the complement of the all-ones vector);
-- each KV head's V/O rotation, and its Q/K rotation (orthogonal: R0 expm(S - S^T); RoPE: R0 times one
-  2x2 rotation per plane by a learned angle, any rotation on the non-rotary dims), as R0 times a learned
-  element of the same group, so every iterate is an exact symmetry;
-- each KV head's scales as a0 exp(s).
-The discrete parts (head, FFN and residual permutations) stay as found.
+- the gains t that unfold the moved source's folded pre-norms (the gauge, stream.py), as t0 exp(u): the
+  midpoint of two models stored with different gains is not the midpoint of their folded forms;
+- each KV head's maps: group `orthogonal`, its V/O rotation and Q/K rotation (RoPE: one rotation per plane by a
+  learned angle, any rotation of the non-rotary dims) times a learned element of the same group, and its
+  scales a0 exp(s); group `general`, the full linear group of the head: an invertible M = expm(X) after the
+  descent's R and a for V/O and for Q/K (RoPE: the angles, and a scale per plane, which commutes with the
+  position's rotation; any invertible map of the non-rotary dims), and for gated FFNs (SwiGLU) a scale
+  exp(s) per neuron (symmetry.py);
+so every iterate is an exact symmetry. The discrete parts (head, FFN and residual permutations) stay as found.
+The refined transform is kept only if its midpoint loss (on the first CHECK_BATCHES batches) is below the
+descent's.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -21,10 +30,35 @@ from torch.func import functional_call
 
 from symfusion.arch import ModelLayout
 from symfusion.errors import SymfusionError
-from symfusion.stream import StreamLayout, centred_basis, is_signed_permutation, rotate_stream
+from symfusion.matching.residual import gauge_gains
+from symfusion.stream import StreamLayout, centred_basis, is_signed_permutation, rotate_stream, unfold_norms
 from symfusion.symmetry import LayerTransform, Transform, apply_blocks, plane_rotations
 
-LEARNING_RATE = 1e-2
+GROUPS = ("orthogonal", "general")
+CHECK_BATCHES = 16          # the midpoint loss that decides whether the refinement is kept: on the first batches
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class RefineSettings:
+    """How the refinement runs (MatchConfig.refine_*; the module docstring)."""
+
+    steps: int = 200
+    learning_rate: float = 1e-2
+    schedule: str = "cosine"                     # constant | cosine (decay to 0 over `steps`)
+    alphas: tuple[float, float] = (0.5, 0.5)     # the path points read: alpha uniform in [lo, hi] (1 = anchor)
+    group: str = "orthogonal"                    # orthogonal | general (the full linear group per head)
+    gauge: bool = True                           # the path as stored, the unfolding gains learned
+    seed: int = 0                                # the alphas' draws
+
+    def __post_init__(self):
+        if self.steps < 1 or not self.learning_rate > 0:
+            raise SymfusionError(f"matching.refine_steps={self.steps} and refine_lr={self.learning_rate} must be > 0")
+        if self.schedule not in SCHEDULES or self.group not in GROUPS:
+            raise SymfusionError(f"matching.refine_schedule={self.schedule!r}, refine_group={self.group!r}; choose "
+                                 f"from {SCHEDULES} and {GROUPS}")
+        if len(self.alphas) != 2 or not 0 <= self.alphas[0] <= self.alphas[1] <= 1:
+            raise SymfusionError(f"matching.refine_alphas={list(self.alphas)} must satisfy 0 <= lo <= hi <= 1")
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +79,7 @@ class _Rotation:
             r0 = self.basis.T @ r0.to(torch.float64) @ self.basis                 # (d-1, d-1)
         self.r0 = r0.to(torch.float64)
         self.s = torch.zeros_like(self.r0, requires_grad=True)
+        self.tensors = (self.s,)
 
     def value(self) -> torch.Tensor:
         q = self.r0 @ torch.matrix_exp(_skew(self.s))
@@ -59,6 +94,7 @@ class _RopeRotation:
         kv, d, _ = r0.shape
         self.angles = torch.zeros(kv, rotary_dim // 2, dtype=torch.float64, requires_grad=True)
         self.rest = torch.zeros(kv, d - rotary_dim, d - rotary_dim, dtype=torch.float64, requires_grad=True)
+        self.tensors = (self.angles, self.rest)
 
     def value(self) -> torch.Tensor:
         d = self.r0.shape[-1]
@@ -69,90 +105,150 @@ class _RopeRotation:
         return self.r0 @ step
 
 
+class _General:
+    """An invertible map per KV head, expm(X) (X learned, from 0); under RoPE a scale exp(s) per plane on the
+    rotary dims (both of the plane's dims) and expm(X) on the rest."""
+
+    def __init__(self, kv: int, d: int, rotary_dim: int = 0):
+        self.d, self.rotary = d, rotary_dim
+        rest = d - rotary_dim
+        self.planes = torch.zeros(kv, rotary_dim // 2, dtype=torch.float64, requires_grad=True)
+        self.rest = torch.zeros(kv, rest, rest, dtype=torch.float64, requires_grad=True)
+        self.tensors = (self.planes, self.rest) if rotary_dim else (self.rest,)
+
+    def value(self) -> torch.Tensor:
+        if not self.rotary:
+            return torch.matrix_exp(self.rest)
+        scales = torch.exp(torch.cat([self.planes, self.planes], dim=1))           # (kv, rotary): plane i, i + half
+        rest = torch.ones(scales.shape[0], self.d - self.rotary, dtype=scales.dtype)
+        m = torch.diag_embed(torch.cat([scales, rest], dim=1))                     # (kv, d, d)
+        if self.rotary < self.d:
+            m = m.clone()
+            m[:, self.rotary:, self.rotary:] = torch.matrix_exp(self.rest)
+        return m
+
+
 class _Scale:
     def __init__(self, a0: torch.Tensor):
         self.a0 = a0.to(torch.float64)
         self.s = torch.zeros_like(self.a0, requires_grad=True)
+        self.tensors = (self.s,)
 
     def value(self) -> torch.Tensor:
         return self.a0 * torch.exp(self.s)
 
 
-def _learnable(r: torch.Tensor, stream: StreamLayout, blocks: Transform, layout: ModelLayout):
+def _learnable(r: torch.Tensor, stream: StreamLayout, blocks: Transform, layout: ModelLayout, group: str):
     """(the residual map's parametrisation or None, per layer {part: parametrisation})."""
     residual = None if is_signed_permutation(r) else _Rotation(r, centred=stream.norm == "layernorm")
     layers = {}
-    for i, t in blocks.layers.items():
-        att, parts = layout.layers[i].attention, {}
-        if t.r_qk is not None and att.qk_group == "orthogonal":
-            parts["r_qk"] = _Rotation(t.r_qk)
-        elif t.r_qk is not None and att.qk_group == "rope":
+    for i in range(layout.num_layers):
+        t, att, ffn, parts = blocks.layers.get(i, LayerTransform()), layout.layers[i].attention, layout.layers[i].ffn, {}
+        kv, d = layout.kv_heads, layout.head_dim
+        rotary = att.rotary_dim if att.qk_group == "rope" else 0
+        if att.qk_group == "rope" and t.r_qk is not None:
             parts["r_qk"] = _RopeRotation(t.r_qk, att.rotary_dim)
-        if t.r_vo is not None:
-            parts["r_vo"] = _Rotation(t.r_vo)
-        parts.update({name: _Scale(getattr(t, name)) for name in ("a_qk", "a_vo") if getattr(t, name) is not None})
+        if group == "general":
+            if att.qk_group in ("orthogonal", "rope"):
+                parts["m_qk"] = _General(kv, d, rotary)
+            parts["m_vo"] = _General(kv, d)
+            if ffn.gate is not None:
+                parts["ffn_scale"] = _Scale(torch.ones(layout.ffn_size, dtype=torch.float64))
+        else:
+            if t.r_qk is not None and att.qk_group == "orthogonal":
+                parts["r_qk"] = _Rotation(t.r_qk)
+            if t.r_vo is not None:
+                parts["r_vo"] = _Rotation(t.r_vo)
+            parts.update({n: _Scale(getattr(t, n)) for n in ("a_qk", "a_vo") if getattr(t, n) is not None})
         layers[i] = parts
     return residual, layers
 
 
 def _current(r: torch.Tensor, residual, blocks: Transform, layers: dict) -> tuple[torch.Tensor, dict]:
     found = {}
-    for i, t in blocks.layers.items():
-        values = {name: p.value() for name, p in layers[i].items()}
-        found[i] = LayerTransform(r_qk=values.get("r_qk", t.r_qk), a_qk=values.get("a_qk", t.a_qk),
-                                  r_vo=values.get("r_vo", t.r_vo), a_vo=values.get("a_vo", t.a_vo),
-                                  ffn_perm=t.ffn_perm, head_perm=t.head_perm)
+    for i, parts in layers.items():
+        t = blocks.layers.get(i, LayerTransform())
+        found[i] = LayerTransform(**{**vars(t), **{name: p.value() for name, p in parts.items()}})
     return (r if residual is None else residual.value()), found
 
 
-def _midpoint_loss(model, layout: ModelLayout, fs: dict, fa: dict, stream: StreamLayout, r, layers, batch) -> torch.Tensor:
-    moved = apply_blocks(rotate_stream(fs, stream, r), layout, layers)
-    mid = {k: 0.5 * (fa[k] + moved[k]) if fa[k].is_floating_point() else fa[k] for k in fa}
-    params = layout.stored_form(mid) if layout.stored else mid
-    out = functional_call(model, params, args=(), kwargs=batch)
-    if getattr(out, "loss", None) is None:
-        raise SymfusionError("matching.refine=loss needs batches with labels (the model's own loss)")
-    return out.loss
+class _Path:
+    """The loss of a point of the path between the anchor and the moved source (both as stored, or both folded)."""
+
+    def __init__(self, model, layout: ModelLayout, stream: StreamLayout, fs: dict, anchor: dict):
+        self.model, self.layout, self.stream, self.fs = model, layout, stream, fs
+        self.anchor = {k: v for k, v in anchor.items() if k != stream.tied_copy}
+
+    def loss(self, r, layers, gains, alpha: float, batch: dict) -> torch.Tensor:
+        moved = apply_blocks(rotate_stream(self.fs, self.stream, r), self.layout, layers)
+        if gains is not None:
+            moved = unfold_norms(moved, self.stream.folds, gains)
+        point = {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
+        params = self.layout.stored_form(point) if self.layout.stored else point
+        out = functional_call(self.model, params, args=(), kwargs=batch)
+        if getattr(out, "loss", None) is None:
+            raise SymfusionError("matching.refine=loss needs batches with labels (the model's own loss)")
+        return out.loss
 
 
-def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor], layout: ModelLayout,
-                   stream: StreamLayout, r: torch.Tensor, blocks: Transform, model: torch.nn.Module,
-                   batches: list[dict], steps: int) -> tuple[torch.Tensor, Transform, dict]:
-    """(residual map, block transform, info) after `steps` Adam steps on the midpoint's loss; fs, fa: the folded
-    canonical states of source and anchor."""
+def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor],
+                   layout: ModelLayout, stream: StreamLayout, r: torch.Tensor, blocks: Transform,
+                   model: torch.nn.Module, batches: list[dict], settings: RefineSettings
+                   ) -> tuple[torch.Tensor, Transform, dict | None, dict]:
+    """(residual map, block transform, unfolding gains (None: leave them to the distance), info) after the
+    refinement; fs, fa: the folded canonical states of source and anchor; anchor: the anchor as stored."""
     if not batches:
         raise SymfusionError("matching.refine=loss needs at least one batch of data")
-    fs = {k: v.detach().float() if v.is_floating_point() else v for k, v in fs.items()}
-    fa = {k: v.detach().float() if v.is_floating_point() else v for k, v in fa.items()}
-    model = model.eval()
-    residual, layers = _learnable(r, stream, blocks, layout)
-    params = ([residual.s] if residual is not None else []) + [
-        tensor for parts in layers.values() for p in parts.values()
-        for tensor in ((p.angles, p.rest) if isinstance(p, _RopeRotation) else (p.s,))]
-
-    def mean_loss() -> float:
+    floats = lambda state: {k: v.detach().float() if v.is_floating_point() else v for k, v in state.items()}
+    fs = floats(fs)
+    path = _Path(model.eval(), layout, stream, fs,
+                 floats(layout.canonical(anchor)) if settings.gauge else floats(fa))
+    residual, layers = _learnable(r, stream, blocks, layout, settings.group)
+    gains0, log_gains = None, {}
+    if settings.gauge:
         with torch.no_grad():
-            cur_r, cur_layers = _current(r, residual, blocks, layers)
-            return math.fsum(_midpoint_loss(model, layout, fs, fa, stream, cur_r, cur_layers, b).item()
-                             for b in batches) / len(batches)
+            gains0 = gauge_gains(apply_blocks(rotate_stream(fs, stream, r), layout, blocks.layers),
+                                 layout.canonical(anchor), stream.folds)
+        log_gains = {k: torch.zeros_like(g, requires_grad=True) for k, g in gains0.items()}
+    params = ([t for t in residual.tensors] if residual is not None else []) + \
+        [t for parts in layers.values() for p in parts.values() for t in p.tensors] + list(log_gains.values())
 
-    before = mean_loss()
-    optimiser = torch.optim.Adam(params, lr=LEARNING_RATE)
+    def state():
+        cur_r, cur_layers = _current(r, residual, blocks, layers)
+        gains = None if gains0 is None else {k: g * torch.exp(log_gains[k]) for k, g in gains0.items()}
+        return cur_r, cur_layers, gains
+
+    def midpoint_loss() -> float:
+        with torch.no_grad():
+            cur = state()
+            check = batches[:CHECK_BATCHES]
+            return math.fsum(path.loss(*cur, 0.5, b).item() for b in check) / len(check)
+
+    before = midpoint_loss()
+    lo, hi = settings.alphas
+    alphas = lo + (hi - lo) * torch.rand(settings.steps, generator=torch.Generator().manual_seed(settings.seed),
+                                         dtype=torch.float64)
+    optimiser = torch.optim.Adam(params, lr=settings.learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda k: 1.0 if settings.schedule == "constant" else
+                                                 0.5 * (1 + math.cos(math.pi * k / settings.steps)))
     with torch.enable_grad():
-        for step in range(steps):
-            cur_r, cur_layers = _current(r, residual, blocks, layers)
-            loss = _midpoint_loss(model, layout, fs, fa, stream, cur_r, cur_layers, batches[step % len(batches)])
+        for step in range(settings.steps):
+            loss = path.loss(*state(), float(alphas[step]), batches[step % len(batches)])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
-    after = mean_loss()
-    info = {"steps": steps, "learning_rate": LEARNING_RATE, "batches": len(batches),
-            "midpoint_loss_before": before, "midpoint_loss_after": after,
-            "learned": ["residual"] * (residual is not None) + sorted({n for parts in layers.values() for n in parts})}
+            schedule.step()
+    after = midpoint_loss()
+    info = {"steps": settings.steps, "learning_rate": settings.learning_rate, "schedule": settings.schedule,
+            "alphas": list(settings.alphas), "group": settings.group, "gauge": settings.gauge,
+            "batches": len(batches), "midpoint_loss_before": before, "midpoint_loss_after": after,
+            "learned": ["residual"] * (residual is not None) + ["gains"] * bool(log_gains) +
+            sorted({n for parts in layers.values() for n in parts})}
     if not after < before:                      # no better on its own data: keep what the descent found
-        return r, blocks, {**info, "kept": "descent"}
+        return r, blocks, None, {**info, "kept": "descent"}
     with torch.no_grad():
-        cur_r, cur_layers = _current(r, residual, blocks, layers)
+        cur_r, cur_layers, gains = state()
         refined = Transform({i: LayerTransform(**{name: None if v is None else v.detach().clone()
                                                   for name, v in vars(t).items()}) for i, t in cur_layers.items()})
-    return cur_r.detach().clone(), refined, {**info, "kept": "refined"}
+        gains = None if gains is None else {k: g.detach().clone() for k, g in gains.items()}
+    return cur_r.detach().clone(), refined, gains, {**info, "kept": "refined"}

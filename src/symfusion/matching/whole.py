@@ -144,11 +144,12 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final, **summary(runs, best)}
     if config.refine == "loss":
         with clock("refine"):
-            r, blocks, info["refine"] = refine_by_loss(fs, fa, layout, stream, r, blocks, data.model, data.batches,
-                                                       config.refine_steps)
+            r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
+                                                              data.batches, config.refine_settings())
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-        transform = unfolded(fs, anchor, layout, stream, r, blocks)
+        transform = Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
+                              residual=ResidualMap(r, gains))           # the unfolding gains it learned
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)
 
 

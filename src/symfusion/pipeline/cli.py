@@ -107,6 +107,7 @@ def match_command(cfg: DictConfig) -> None:
         layers=_container(cfg.layers), last_layers=cfg.last_layers,
         max_relative_output_change=cfg.max_relative_output_change, resolved_config=_resolved(cfg),
         data_task=_task(cfg, cfg.data_task) if matching.needs_data else None, data_batches=cfg.data_batches,
+        data_split=cfg.data_split,
     )
     check = report.get("relative_output_change", report.get("max_block_relative_output_change"))
     print(
@@ -270,7 +271,8 @@ CHECKS = {
               **TASK_CHECKS},
     "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
               "last_layers": integer(0, optional=True), "max_relative_output_change": number(0, strict_low=True),
-              "data_task": text(optional=True), "data_batches": integer(1)},
+              "data_task": text(optional=True), "data_batches": integer(1),
+              "data_split": choice("validation", "train")},
     "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
               "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
               "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),

@@ -10,7 +10,6 @@ models (the last single layer and the tail of 1 are one subset).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -91,8 +90,9 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
                     measured[layers].append({"task": task.name, "role": role, **metrics,
                                              "per_example": {k: record[k] for k in ("loss", "tokens") if k in record}})
             rows += [{**subset, **metrics} for metrics in measured[layers]]
-        report = {"anchor": anchor, "source": source, "matching": matching_name, "matching_config": asdict(matching),
-                  "num_layers": layout.num_layers, "fusion": "simple", "examples": examples, "rows": rows,
+        report = {"anchor": anchor, "source": source, "matching": matching_name,
+                  "matching_config": matching.as_report(), "num_layers": layout.num_layers, "fusion": "simple",
+                  "examples": examples, "rows": rows,
                   "seconds": time.perf_counter() - start, "provenance": provenance(resolved_config)}
         with claim.writing() as tmp:
             write_json(report, tmp)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -128,7 +127,7 @@ def run_multimodel(
             matched_by_method[method] = (matched, transforms)
         report = {
             "models": [str(p) for p in dirs], "k": len(dirs), "matching": matching_name,
-            "matching_config": asdict(matching), "family": layout.family,
+            "matching_config": matching.as_report(), "family": layout.family,
             "sum_pairwise_distance_before": sum(before), "pairwise_distances_before": before,
             "sum_pairwise_sq_distance_before": pairwise_sq(states),
             "methods": methods,

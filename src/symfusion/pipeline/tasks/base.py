@@ -11,6 +11,17 @@ from symfusion.families import family_spec
 from symfusion.errors import SymfusionError
 
 
+STATISTICS_SPLITS = ("validation", "train")
+
+
+def statistics_split(split: str) -> str:
+    """A split statistics and matchings may read: validation or train, never the test split that scores them."""
+    if split not in STATISTICS_SPLITS:
+        raise SymfusionError(f"data split {split!r}: statistics and matchings read {' or '.join(STATISTICS_SPLITS)} "
+                             "(the test split scores the results)")
+    return split
+
+
 def plain(value):
     """A Hydra/OmegaConf node as plain Python (dicts, lists), or the value itself."""
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
@@ -67,8 +78,9 @@ class Task(ABC):
                 "splits": {}}
 
     @abstractmethod
-    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None) -> list[dict]:
-        """See the subclasses."""
+    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None,
+                          split: str = "validation") -> list[dict]:
+        """See the subclasses (split: validation, or train; never test)."""
 
     @abstractmethod
     def evaluate(self, model: torch.nn.Module, split: str = "test", model_dir=None, examples: int | None = None) -> dict:

@@ -25,7 +25,7 @@ from symfusion.pipeline.data.text.lm import (LMDocuments, blocks_digest, load_lm
                                              unigram_baseline)
 from symfusion.pipeline.data.text.lm_cache import cache_path, cached_blocks, cached_text, corpora_identity
 from symfusion.pipeline.data.text.splits import SPLITS
-from symfusion.pipeline.tasks.base import Task, plain
+from symfusion.pipeline.tasks.base import Task, plain, statistics_split
 from symfusion.pipeline.tasks.lm_models import evaluate_causal_lm, llama_config, train_causal_lm
 
 # transformers' causal-LM classes (LlamaForCausalLM, GPT2LMHeadModel, ...): the models a causal_lm task scores
@@ -112,11 +112,12 @@ class CausalLMTask(Task):
             self._blocks[key] = (tokenizer, blocks)
         return self._blocks[key][1]
 
-    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None) -> list[dict]:
-        """`num_batches` batches of validation blocks in a seeded order (the split's documents come corpus by corpus),
-        cut with model_dir's tokenizer: {"input_ids", "labels"} (b, L), the labels being the inputs (the model shifts
-        them): data for Fisher and RegMean."""
-        blocks = self.blocks("validation", load_tokenizer(model_dir))
+    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None,
+                          split: str = "validation") -> list[dict]:
+        """`num_batches` batches of validation (or train) blocks in a seeded order (the split's documents come corpus
+        by corpus), cut with model_dir's tokenizer: {"input_ids", "labels"} (b, L), the labels being the inputs (the
+        model shifts them): data for Fisher and RegMean, and the learned refinement."""
+        blocks = self.blocks(statistics_split(split), load_tokenizer(model_dir))
         size = int(self.cfg.fusion_batch_size)
         generator = torch.Generator().manual_seed(int(self.cfg.split_seed) + STATISTICS_SEED)
         order = torch.randperm(len(blocks), generator=generator)[: size * num_batches]

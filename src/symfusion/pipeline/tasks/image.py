@@ -17,7 +17,7 @@ from symfusion.errors import SymfusionError
 from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
-from symfusion.pipeline.tasks.base import Task, plain
+from symfusion.pipeline.tasks.base import Task, plain, statistics_split
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
                                 remove_checkpoint, training_run, use_autocast)
 
@@ -69,10 +69,17 @@ class ImageTask(Task):
             raise SymfusionError(f"split={name!r}; choose one of {', '.join(splits)}")
         return splits[name]
 
-    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None) -> list[dict]:
-        """The first `num_batches` validation batches (fixed order): data for Fisher, Gram and OT statistics."""
-        loader = DataLoader(self.split("validation"), batch_size=int(self.cfg.fusion_batch_size), shuffle=False)
-        return [batch for _, batch in zip(range(num_batches), loader)]
+    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None,
+                          split: str = "validation") -> list[dict]:
+        """The first `num_batches` validation batches (fixed order): data for Fisher, Gram and OT statistics; of the
+        train split (the learned refinement's data), batches in a seeded order."""
+        data, size = self.split(statistics_split(split)), int(self.cfg.fusion_batch_size)
+        if split == "validation":
+            loader = DataLoader(data, batch_size=size, shuffle=False)
+            return [batch for _, batch in zip(range(num_batches), loader)]
+        order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(self.cfg.split_seed)))
+        return [{"pixel_values": data.pixels[part], "labels": data.labels[part]}
+                for part in order[: size * num_batches].split(size)]
 
     def evaluate(self, model: torch.nn.Module, split: str = "test", model_dir=None, examples: int | None = None) -> dict:
         """Accuracy, loss and n on a split; `examples` = a seeded subset of that many images (the limit mechanism)."""

@@ -17,7 +17,7 @@ from symfusion.io.modelio import compute_device, load_tokenizer, to_device, writ
 from symfusion.io.outputs import safe_output
 from symfusion.pipeline.packing import padding_free, token_maps
 from symfusion.io.provenance import provenance
-from symfusion.pipeline.tasks.base import Task, plain
+from symfusion.pipeline.tasks.base import Task, plain, statistics_split
 from symfusion.pipeline.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
                                            text_loader)
 from symfusion.pipeline.text_metrics import get_metric
@@ -60,9 +60,11 @@ class TextTask(Task):
             raise SymfusionError(f"split={split!r}; choose one of {', '.join(splits.splits)}")
         return splits.splits[split]
 
-    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None) -> list[dict]:
-        """The first `num_batches` validation batches (fixed order), tokenised with model_dir's tokenizer."""
-        return statistic_batches_text(self.examples("validation"), load_tokenizer(model_dir), self.kind,
+    def statistic_batches(self, num_batches: int, model_dir: str | Path | None = None,
+                          split: str = "validation") -> list[dict]:
+        """The first `num_batches` batches of a split (validation, or train; fixed order), tokenised with
+        model_dir's tokenizer."""
+        return statistic_batches_text(self.examples(statistics_split(split)), load_tokenizer(model_dir), self.kind,
                                       int(self.cfg.max_length), int(self.cfg.fusion_batch_size), num_batches)
 
     def check_model(self, model: torch.nn.Module, where: str = "the model", model_dir=None) -> None:

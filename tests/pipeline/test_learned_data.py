@@ -1,0 +1,67 @@
+"""The learned refinement's data in the pipeline: a task's statistic batches come from its validation or train
+split, never from the test split that scores the merges; symfusion-match reads them as data_split says and its
+matching.refine_* overrides reach the refinement (presets/match.yaml, presets/matching/full_symmetry.yaml)."""
+import json
+
+import pytest
+import torch
+import transformers as tf
+
+from symfusion.errors import SymfusionError
+from symfusion.pipeline import cli
+from symfusion.pipeline.tasks import make_task
+from tiny_models import randomize
+
+
+def test_the_refinement_data_come_from_validation_or_train_never_from_test():
+    task = make_task("digits")
+    train = task.statistic_batches(2, None, split="train")
+    assert len(train) == 2 and train[0]["pixel_values"].shape[0] == int(task.cfg.fusion_batch_size)
+    pool = {tuple(row.flatten().tolist()) for row in task.split("train").pixels}
+    assert all(tuple(row.flatten().tolist()) in pool for b in train for row in b["pixel_values"])
+    assert torch.equal(task.statistic_batches(2, None, split="train")[1]["pixel_values"], train[1]["pixel_values"])
+    validation = task.statistic_batches(1, None)[0]["pixel_values"]
+    assert torch.equal(validation, task.split("validation").pixels[: validation.shape[0]])
+    with pytest.raises(SymfusionError, match="test split scores"):
+        task.statistic_batches(1, None, split="test")
+
+
+@pytest.fixture(scope="module")
+def vits(tmp_path_factory):
+    """Two random ViTs for the digits task (8x8 grey images, 10 classes)."""
+    root = tmp_path_factory.mktemp("vits")
+    config = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16,
+                          num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
+    for seed in (0, 1):
+        randomize(tf.ViTForImageClassification(config), seed).save_pretrained(str(root / f"m{seed}"))
+    return root
+
+
+def match(vits, out, extra, capsys) -> tuple[int, list[str]]:
+    args = [f"source={vits / 'm1'}", f"anchor={vits / 'm0'}", f"output={out}", "matching=full_symmetry_learned",
+            "data_task=digits", "data_batches=2", "matching.refine_steps=3", *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.match_main(args)
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_symfusion_match_reads_its_data_split_and_the_refine_overrides(vits, tmp_path, capsys):
+    code, err = match(vits, tmp_path / "m", ["data_split=train", "matching.refine_group=general",
+                                             "matching.refine_alphas=[0.2,0.8]", "matching.refine_lr=0.03"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "m" / "match.json").read_text())
+    assert report["data"] == {"task": "digits", "split": "train", "batches": 2}
+    config = report["matching_config"]
+    assert (config["refine_group"], config["refine_alphas"], config["refine_lr"], config["refine_steps"]) == \
+        ("general", [0.2, 0.8], 0.03, 3)
+    assert report["residual"]["refine"]["steps"] == 3
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["data_split=test"], "data_split"), (["matching.refine_group=affine"], "refine_group"),
+    (["matching.refine_alphas=[0.8,0.2]"], "refine_alphas")])
+def test_symfusion_match_refuses_test_data_and_wrong_refine_settings_with_one_line(vits, tmp_path, capsys, extra,
+                                                                                  message):
+    code, err = match(vits, tmp_path / "m", extra, capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not (tmp_path / "m").exists()
