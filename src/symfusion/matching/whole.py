@@ -148,8 +148,9 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
                                                               data.batches, config.refine_settings())
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
-        transform = Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
-                              residual=ResidualMap(r, gains))           # the unfolding gains it learned
+        transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
+            Transform(layers={i: t for i, t in blocks.layers.items() if not t.is_identity()},
+                      residual=ResidualMap(r, gains))                   # the unfolding gains it learned
     return MatchResult(transform=transform, seconds=dict(clock.seconds), residual=info)
 
 
