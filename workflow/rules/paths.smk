@@ -29,8 +29,8 @@ def end_eval(track, group, name):
 
 
 def track_result(track, kind, method=None, **wildcards):
-    """The file that a track's rule for `kind` (TRACK_RULES; a merge of a pair after the first: merge_rule) writes for
-    these wildcards (and this method)."""
+    """The file written for these wildcards (and this method) by the track's rule for `kind`, which TRACK_RULES
+    names (for a merge of a pair after the first, merge_rule does)."""
     if kind == "merged_evals" and "source" in wildcards:
         pair = (wildcards["source"], wildcards["anchor"])
         outputs, methods = getattr(rules, merge_rule(track, pair)).output, TRACKS_PY.pair_methods(TRACKS[track], pair)
