@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
-from symfusion.pipeline.report.registry import KIND_FILES
+from symfusion.pipeline.report.registry import KIND_FILES, experiment
 
 INDEX = "model.safetensors.index.json"
 
@@ -357,7 +357,6 @@ def build_world(root: Path) -> Path:
         tiny_decoder("llama", seed=seed, num_key_value_heads=2).save_pretrained(str(root / f"llama_{'ab'[seed]}"),
                                                                                 max_shard_size="40KB")
     (root / "evals").mkdir()
-    from symfusion.pipeline.report.registry import experiment
     merged_evaluation_files(root / "evals", {m: 0.5 + 0.02 * i for i, m in
                                              enumerate(experiment("table2").matchings("merged_evals"))})
     for seed, (matching, bump) in enumerate((("none", 1.0), ("rotation", 0.2), ("attn_only", 0.9))):

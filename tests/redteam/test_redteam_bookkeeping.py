@@ -23,6 +23,8 @@ import pytest
 import torch
 
 from symfusion.io import marks
+from symfusion.pipeline import basemodels, revisions, warm
+from symfusion.pipeline.data.text import lm_cache, silver_ner
 from symfusion.errors import SymfusionError
 from hostile import (COMMANDS, NON_WRITERS, build_world, console_scripts, leftovers, outcome, snapshot)
 
@@ -267,8 +269,6 @@ def test_a_checkpoint_name_that_is_not_the_trainers_is_refused(world, tmp_path):
 def test_caches_read_and_replace_only_this_users_entries(tmp_path):
     """A cache entry under the LM caches' or the silver-NER cache's name that is a link to a victim or another user's
     file is neither read (poisoned token blocks) nor replaced; this user's own entry is reused."""
-    from symfusion.pipeline.data.text import lm_cache, silver_ner
-
     victim = victim_of(tmp_path) / "precious.txt"
     entries = {"text": (tmp_path / "t.json", lambda p: lm_cache.cached_text(p, lambda: "computed"), "computed"),
                "blocks": (tmp_path / "b.safetensors",
@@ -298,7 +298,6 @@ def test_caches_read_and_replace_only_this_users_entries(tmp_path):
 def test_model_caches_are_reused_only_when_this_users(tmp_path, monkeypatch):
     """A Hub or GGUF cache folder under its name that is a link (or another user's) is refused in one line, never
     used as the base model."""
-    from symfusion.pipeline import basemodels
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     commit = "0" * 40
@@ -319,7 +318,6 @@ def test_model_caches_are_reused_only_when_this_users(tmp_path, monkeypatch):
 def test_the_hub_lock_file_is_never_written_through_a_planted_name(tmp_path):
     """The Hub lock file's guard and the lock file itself as links to a victim: one error line, the victim intact
     (its fixed `.NAME.tmp-PID` used to be written through a planted link)."""
-    from symfusion.pipeline import revisions
 
     victim = victim_of(tmp_path) / "precious.txt"
     lock = tmp_path / "hub-revisions.lock.json"
@@ -342,7 +340,6 @@ def test_the_warm_worker_serves_only_from_a_folder_of_its_own(tmp_path, monkeypa
     """A socket in a folder others may write (where another user could replace it and receive every job's streams
     and environment) is refused by symfusion-worker in one line and never used by a command; the worker removes
     only its own socket."""
-    from symfusion.pipeline import warm
 
     shared = tmp_path / "shared"
     shared.mkdir()

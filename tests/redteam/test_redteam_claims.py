@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
+from safetensors.torch import load_file, save_file
 
 import symfusion
 from symfusion.pipeline import cli
+from symfusion.pipeline.tasks import make_task
 from symfusion.families import FAMILIES
 from symfusion.measures import probe_inputs
 from hostile import assert_refused, outcome, snapshot
@@ -143,8 +145,6 @@ def test_a_probe_never_runs_past_the_models_positions(pairs, tmp_path):
 
 
 def test_a_text_task_longer_than_the_models_positions_is_one_line():
-    from symfusion.pipeline.tasks import make_task
-
     task = make_task("rotten_tomatoes")
     model = tf.AutoModelForSequenceClassification.from_config(tf.BertConfig(
         vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
@@ -158,8 +158,6 @@ def test_a_text_task_longer_than_the_models_positions_is_one_line():
 def test_a_claim_whose_tensor_is_missing_costs_nothing(pairs, tmp_path, family):
     """The largest tensor removed and every size claim huge: transformers used to allocate the claimed tensor
     (12.8 GB for a BERT vocabulary of 10^8) before refusing it; now the headers refuse it first, within bounds."""
-    from safetensors.torch import load_file, save_file
-
     for side in ("anchor", "source"):
         shutil.copytree(pairs / family / side, tmp_path / side)
         state = load_file(str(tmp_path / side / "model.safetensors"))

@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import transformers as tf
 
-from symfusion.pipeline import warm
+from symfusion.pipeline import cli, warm
 from hostile import build_world, console_scripts, snapshot
+from tiny_models import randomize
 
 ENV = {**{k: v for k, v in os.environ.items() if k not in (warm.VARIABLE, "SYMFUSION_USAGE")},
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -76,9 +78,6 @@ def world(tmp_path_factory):
 
 def statistics_of_another_model(world: Path) -> None:
     """A statistics file the merge cannot use (another task's ViT), computed once."""
-    import transformers as tf
-    from symfusion.pipeline import cli
-    from tiny_models import randomize
 
     other = world / "vit_other"
     if not other.exists():
