@@ -28,11 +28,8 @@ from symfusion.pipeline.tasks import make_task
 from symfusion.symmetry import apply_transform
 
 
-def perturbed(state: dict, seed: int | None, eps: float) -> dict:
-    """Every floating tensor times (1 + eps * N(0, 1)), noise seeded (None: unperturbed); rounded back to its dtype.
-    bench_stability_learned.py perturbs with it too."""
-    if seed is None:
-        return dict(state)
+def perturbed(state: dict, seed: int, eps: float) -> dict:
+    """Every floating tensor times (1 + eps * N(0, 1)), noise seeded; rounded back to its dtype."""
     gen = torch.Generator().manual_seed(seed)
     return {k: (v.double() * (1 + eps * torch.randn(v.shape, generator=gen, dtype=torch.float64))).to(v.dtype)
             if v.is_floating_point() else v for k, v in state.items()}
@@ -85,7 +82,7 @@ def main() -> None:
     for variant in args.variants:
         rows, reference = [], None
         for seed in [None] + args.seeds:
-            state = perturbed(source, seed, args.eps)
+            state = source if seed is None else perturbed(source, seed, args.eps)
             start = time.perf_counter()
             result = match_models(state, anchor, layout, variant, tied=tied)
             seconds = time.perf_counter() - start

@@ -27,7 +27,14 @@ from symfusion.matching import matching_config
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.tasks import make_task
 
-from bench_stability import perturbed              # the same float32-rounding perturbation (benchmarks/)
+
+def perturbed(state: dict, seed: int | None, eps: float) -> dict:
+    """Each floating tensor times (1 + eps * noise), noise standard normal from `seed` (None: unperturbed)."""
+    if seed is None:
+        return dict(state)
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (v.double() * (1 + eps * torch.randn(v.shape, generator=gen, dtype=torch.float64))).to(v.dtype)
+            if v.is_floating_point() else v for k, v in state.items()}
 
 
 def run(args, task, matching: str, seed: int | None) -> dict:
