@@ -7,7 +7,8 @@ line), averaged over the pairs, with 95% paired bootstrap intervals (pipeline/un
 resamples of the test examples for both variants; a barrier is recomputed on every resample). Variants:
     none, rotation           no matching; the paper's matching
     full_symmetry            the default (matching/whole.py)
-    fan_in                   each map / sqrt(its fan-in) in the objective, as Generalized LMC weighs its blocks
+    fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
+    glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
     circuits                 heads assigned on QK/OV circuit inner products <W_Q^T W_K, ..> + <W_O W_V, ..>
     identity_start           the descent started from R = I (the paper's matching's basis)
@@ -101,7 +102,8 @@ def extra_starts(kinds: tuple):
 
 def fan_in_pair(layout):
     """StatePair with every map (a tensor of 2+ dims that is no embedding table) times 1 / sqrt(its fan-in) in
-    both models, as Generalized LMC weighs its weight blocks (a scalar per tensor commutes with every symmetry)."""
+    both models (a scalar per tensor commutes with every symmetry). Not Generalized LMC's weighting: readers all
+    get 1 / sqrt(d) and tables none; glmc_pair is theirs."""
     original, spec = pairs_module.StatePair.__init__, FAMILIES[layout.family]
     prefixes = [pairs_module.layer_prefix(layout, i) for i in range(layout.num_layers)]
 
@@ -116,6 +118,26 @@ def fan_in_pair(layout):
     def init(self, fs, fa, layout, stream):
         weighed = [{k: v * math.prod(v.shape[1:]) ** -0.5 if v.is_floating_point() and v.dim() > 1 and not table(k)
                     else v for k, v in state.items()} for state in (fs, fa)]
+        original(self, *weighed, layout, stream)
+    return init
+
+
+def glmc_pair():
+    """StatePair with every tensor that meets the residual stream divided, in both models, by the square root of
+    its size off the stream (numel / d per residual axis), as Generalized LMC's official code weighs R's objective
+    (weight_matching.py: readers by sqrt(fan-out), writers by sqrt(fan-in), token and position tables by sqrt(rows));
+    a bias off the stream takes its map's factor, so each neuron and head keeps its shape. A scalar per tensor
+    commutes with every symmetry."""
+    original = pairs_module.StatePair.__init__
+
+    def init(self, fs, fa, layout, stream):
+        axes, d = dict(stream.axes), stream.hidden
+        factors = {k: (v.numel() / d ** len(axes[k])) ** -0.5 for k, v in fa.items()
+                   if k in axes and v.is_floating_point()}
+        for k, v in fa.items():
+            if k not in factors and k.endswith(".bias") and k[:-5] + ".weight" in factors:
+                factors[k] = factors[k[:-5] + ".weight"]
+        weighed = [{k: v * factors[k] if k in factors else v for k, v in state.items()} for state in (fs, fa)]
         original(self, *weighed, layout, stream)
     return init
 
@@ -148,6 +170,8 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir):
     config, patches = FULL, []
     if variant == "fan_in":
         patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
+    elif variant == "glmc_weights":
+        patches = [(pairs_module.StatePair, "__init__", glmc_pair())]
     elif variant == "no_rescale":
         config = dataclasses.replace(FULL, rescale=False)
     elif variant == "multi_start_no_rescale":
@@ -239,7 +263,8 @@ def main() -> None:
     parser.add_argument("--track", choices=list(TRACKS), required=True)
     parser.add_argument("--models", type=Path, required=True, help="folder holding the end models seed0, seed1, ...")
     parser.add_argument("--pairs", nargs="*", default=["seed1:seed0", "seed2:seed0", "seed2:seed1"], help="source:anchor")
-    parser.add_argument("--variants", nargs="*", default=["none", "rotation", "full_symmetry", "fan_in", "circuits",
+    parser.add_argument("--variants", nargs="*", default=["none", "rotation", "full_symmetry", "fan_in", "glmc_weights",
+                                                           "circuits",
                                                            "identity_start", "multi_start"])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/ablation"))
     args = parser.parse_args()

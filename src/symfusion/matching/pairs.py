@@ -2,8 +2,8 @@
 
 A pair (StatePair here; sharded_whole's streamed folders) gives the source's and the anchor's folded canonical
 tensors by part: `outside` (the tensors outside the layers) and `layer(i)`; D(R, B) = |B R fs - fa| is measured
-over the pair. (Weighing each map by 1 / sqrt(fan-in), as Generalized LMC does, was measured and not kept:
-benchmarks/bench_whole_ablation.py.)
+over the pair. (Weighing each tensor by 1 / sqrt(its size off the stream), as Generalized LMC's code does, or
+each map by 1 / sqrt(its fan-in) was measured and not kept: benchmarks/bench_whole_ablation.py.)
 """
 from __future__ import annotations
 
