@@ -25,9 +25,9 @@ def toy_splits(n=96):
     return {"train": data, "validation": ImageDataset(pixels[:32], labels[:32])}
 
 
-def train(tmp_path, name, epochs=3, seed=0):
+def train(tmp_path, name, epochs=3, seed=0, precision="auto"):
     return train_image_classifier(str(tmp_path / name), toy_splits(), MODEL, seed=seed, epochs=epochs,
-                                  batch_size=16, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1)
+                                  batch_size=16, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, precision=precision)
 
 
 def weights(folder):
@@ -100,7 +100,7 @@ def test_the_bf16_autocast_path_trains_and_saves_float32_weights(tmp_path):
                                     lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, precision="bf16")
     assert report["bf16_autocast"] is True and report["validation_accuracy"] > 0.9
     assert all(t.dtype == torch.float32 for t in weights(tmp_path / "bf16").values())
-    fp32 = train(tmp_path, "fp32", epochs=1)
+    fp32 = train(tmp_path, "fp32", epochs=1, precision="fp32")      # auto would be bf16 on a GPU
     assert json.loads((tmp_path / "fp32" / "train.json").read_text())["bf16_autocast"] is False
     assert fp32["validation_accuracy"] > 0.5
 

@@ -125,6 +125,8 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, histor
                 tensors[f"optim.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu().clone()
     tensors.update({f"best.{k}": v.cpu().contiguous() for k, v in best.get("state", {}).items()})
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_initialized():            # dropout on a GPU draws from the device's own generator
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     tensors["rng.generator"] = generator.get_state()
     meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
             "best": {k: v for k, v in best.items() if k != "state"}}
@@ -162,6 +164,8 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
             param = params[name]
             optimizer.state[param][slot] = value.to(param.device) if on_device or slot != "step" else value
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     generator.set_state(tensors["rng.generator"])
     best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
     return meta["epoch"], {"state": best_state, **meta["best"]}, meta["history"]
