@@ -11,7 +11,7 @@ import symfusion.pipeline.tasks.image as train_module
 from symfusion.pipeline.data.images import ImageDataset
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
-from symfusion.pipeline.training import warmup_cosine
+from symfusion.pipeline.training import loader_options, warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
 
@@ -92,6 +92,13 @@ def test_bad_model_configs_are_refused(tmp_path):
         train_image_classifier(str(tmp_path / "m"), toy_splits(), {"patch_size": 4}, 0, 1, 16, 1e-3, 0.0, 0.1)
     with pytest.raises(SymfusionError, match="divisible by patch_size"):
         train_image_classifier(str(tmp_path / "m"), toy_splits(), dict(MODEL, patch_size=3), 0, 1, 16, 1e-3, 0.0, 0.1)
+
+
+def test_a_resumed_run_with_the_gpus_loader_workers_reaches_the_same_weights(tmp_path, monkeypatch):
+    """The DataLoader options a GPU gets (worker processes), on the CPU: resuming must not shuffle otherwise."""
+    gpu_options = {k: v for k, v in loader_options(torch.device("cuda")).items() if k != "pin_memory"}
+    monkeypatch.setattr(train_module, "loader_options", lambda device: gpu_options)
+    test_interrupted_run_resumes_from_its_checkpoint_to_identical_weights(tmp_path, monkeypatch)
 
 
 def test_the_bf16_autocast_path_trains_and_saves_float32_weights(tmp_path):

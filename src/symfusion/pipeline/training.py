@@ -85,10 +85,13 @@ def autocast(device: torch.device, enabled: bool):
 
 def loader_options(device: torch.device) -> dict:
     """DataLoader options that keep a GPU fed (worker processes, pinned memory); none on the CPU, where the
-    data sit in memory already and extra processes only compete for the cores."""
+    data sit in memory already and extra processes only compete for the cores. Not persistent workers: a
+    persistent iterator draws its workers' base seed from the shuffling generator once, where a resumed run
+    draws it again, and shuffles its remaining epochs otherwise (new workers each epoch draw it every epoch,
+    as the CPU's single-process loader does)."""
     if device.type != "cuda":
         return {}
-    return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True, "persistent_workers": True}
+    return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True}
 
 
 def rank(score, maximize: bool = True) -> float:
