@@ -11,7 +11,7 @@ import symfusion.pipeline.tasks.image as train_module
 from symfusion.pipeline.data.images import ImageDataset
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
-from symfusion.pipeline.training import warmup_cosine
+from symfusion.pipeline.training import loader_options, warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
 
@@ -25,9 +25,9 @@ def toy_splits(n=96):
     return {"train": data, "validation": ImageDataset(pixels[:32], labels[:32])}
 
 
-def train(tmp_path, name, epochs=3, seed=0):
+def train(tmp_path, name, epochs=3, seed=0, precision="auto"):
     return train_image_classifier(str(tmp_path / name), toy_splits(), MODEL, seed=seed, epochs=epochs,
-                                  batch_size=16, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1)
+                                  batch_size=16, lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, precision=precision)
 
 
 def weights(folder):
@@ -94,13 +94,20 @@ def test_bad_model_configs_are_refused(tmp_path):
         train_image_classifier(str(tmp_path / "m"), toy_splits(), dict(MODEL, patch_size=3), 0, 1, 16, 1e-3, 0.0, 0.1)
 
 
+def test_a_resumed_run_with_the_gpus_loader_workers_reaches_the_same_weights(tmp_path, monkeypatch):
+    """The DataLoader options a GPU gets (worker processes), on the CPU: resuming must not shuffle otherwise."""
+    gpu_options = {k: v for k, v in loader_options(torch.device("cuda")).items() if k != "pin_memory"}
+    monkeypatch.setattr(train_module, "loader_options", lambda device: gpu_options)
+    test_interrupted_run_resumes_from_its_checkpoint_to_identical_weights(tmp_path, monkeypatch)
+
+
 def test_the_bf16_autocast_path_trains_and_saves_float32_weights(tmp_path):
     """The path GPUs take by default (bfloat16 autocast), run on the CPU so that it cannot rot."""
     report = train_image_classifier(str(tmp_path / "bf16"), toy_splits(), MODEL, seed=0, epochs=3, batch_size=16,
                                     lr=3e-3, weight_decay=0.0, warmup_ratio=0.1, precision="bf16")
     assert report["bf16_autocast"] is True and report["validation_accuracy"] > 0.9
     assert all(t.dtype == torch.float32 for t in weights(tmp_path / "bf16").values())
-    fp32 = train(tmp_path, "fp32", epochs=1)
+    fp32 = train(tmp_path, "fp32", epochs=1, precision="fp32")      # auto would be bf16 on a GPU
     assert json.loads((tmp_path / "fp32" / "train.json").read_text())["bf16_autocast"] is False
     assert fp32["validation_accuracy"] > 0.5
 

@@ -225,7 +225,7 @@ def test_the_best_validation_epoch_is_kept(base_dir, tmp_path, monkeypatch):
     scores, snapshots = iter([0.2, 0.9, float("nan"), 0.5]), []
 
     def scripted(model, *args, **kwargs):
-        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        snapshots.append({k: v.cpu().clone() for k, v in model.state_dict().items()})   # saved weights are on the CPU
         return {"score": next(scores), "loss": 1.0, "n": 32}
 
     monkeypatch.setattr(train_text, "evaluate_text_model", scripted)

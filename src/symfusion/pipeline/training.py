@@ -85,10 +85,13 @@ def autocast(device: torch.device, enabled: bool):
 
 def loader_options(device: torch.device) -> dict:
     """DataLoader options that keep a GPU fed (worker processes, pinned memory); none on the CPU, where the
-    data sit in memory already and extra processes only compete for the cores."""
+    data sit in memory already and extra processes only compete for the cores. Not persistent workers: a
+    persistent iterator draws its workers' base seed from the shuffling generator once, where a resumed run
+    draws it again, and shuffles its remaining epochs otherwise (new workers each epoch draw it every epoch,
+    as the CPU's single-process loader does)."""
     if device.type != "cuda":
         return {}
-    return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True, "persistent_workers": True}
+    return {"num_workers": min(4, os.cpu_count() or 1), "pin_memory": True}
 
 
 def rank(score, maximize: bool = True) -> float:
@@ -125,6 +128,8 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, best: dict, histor
                 tensors[f"optim.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu().clone()
     tensors.update({f"best.{k}": v.cpu().contiguous() for k, v in best.get("state", {}).items()})
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_initialized():            # dropout on a GPU draws from the device's own generator
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     tensors["rng.generator"] = generator.get_state()
     meta = {"epoch": epoch, "history": history, "fingerprint": fingerprint,
             "best": {k: v for k, v in best.items() if k != "state"}}
@@ -162,6 +167,8 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, generator: t
             param = params[name]
             optimizer.state[param][slot] = value.to(param.device) if on_device or slot != "step" else value
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     generator.set_state(tensors["rng.generator"])
     best_state = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
     return meta["epoch"], {"state": best_state, **meta["best"]}, meta["history"]

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from symfusion.interpolation import loss_path
-from symfusion.io.modelio import write_json
+from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
 from symfusion.pipeline.stages.common import load_models, matching_of
@@ -21,6 +21,7 @@ def run_barrier(anchor: str, source: str, task, output: str, points: int = 11, s
         anchor_model, source_model = load_models([anchor, source])
         anchor_state = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
         source_state = {k: v.detach().clone() for k, v in source_model.state_dict().items()}
+        source_model.to(compute_device())       # the path's evaluations on the GPU when one is visible
         start = time.perf_counter()
         result = loss_path(source_model, anchor_state, source_state,
                            lambda m: task.evaluate(m, split, model_dir=source, examples=examples), points)
