@@ -11,7 +11,7 @@ import symfusion.pipeline.tasks.image as train_module
 from symfusion.pipeline.data.images import ImageDataset
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.tasks.image import evaluate_image_classifier, train_image_classifier, vit_config
-from symfusion.pipeline.training import loader_options, warmup_cosine
+from symfusion.pipeline.training import evaluation_precision, loader_options, warmup_cosine
 
 MODEL = dict(patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
 
@@ -130,3 +130,24 @@ def test_image_evaluation_is_the_mean_of_its_per_example_record_whatever_the_bat
             assert record["loss"][i] == pytest.approx(
                 torch.nn.functional.cross_entropy(logits, data.labels[i:i + 1]).item(), rel=1e-6)
             assert record["correct"][i] == int(logits.argmax(-1).item() == data.labels[i].item())
+
+
+def test_evaluations_score_in_float32_unless_bf16_is_asked_for():
+    """`auto` trains under bfloat16 on a GPU but every evaluation scores in float32 (no autocast, no TF32: bf16
+    ties close predictions); `bf16` keeps autocast (how the CPU tests keep that path alive)."""
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    for device in [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else []):
+        layer.to(device)
+        for precision, dtype in (("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            if device.type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = True          # as training under `auto` leaves it
+            with evaluation_precision(precision, device):
+                assert layer(x.to(device)).dtype == dtype
+                if device.type == "cuda":
+                    assert torch.backends.cuda.matmul.allow_tf32 == (precision == "bf16")
+            if device.type == "cuda":
+                assert torch.backends.cuda.matmul.allow_tf32            # restored after
+    with pytest.raises(SymfusionError, match="precision='half'"):
+        with evaluation_precision("half", torch.device("cpu")):
+            pass

@@ -11,7 +11,7 @@ from symfusion.errors import SymfusionError
 from symfusion.io.modelio import compute_device, load_model, write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
-from symfusion.pipeline.training import autocast, use_autocast
+from symfusion.pipeline.training import evaluation_precision
 
 # A file is a previous output of this stage (or of the merge stage's in-process evaluation) when it is an
 # evaluation report.
@@ -48,7 +48,7 @@ def evaluate_tasks(model: torch.nn.Module, model_dir: str | Path, tasks: list, h
             task.copy_head(model, head)
         device = compute_device()
         model.to(device)
-        with autocast(device, use_autocast(precision, device)):
+        with evaluation_precision(precision, device):
             metrics = task.evaluate(model, split, model_dir=model_dir)
         results.append({"task": task.name, "kind": task.kind, "metric": task.metric_name,
                         "split": split, "head_from": head, "per_example": metrics.pop("per_example"),

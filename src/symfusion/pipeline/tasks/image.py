@@ -18,8 +18,8 @@ from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
 from symfusion.pipeline.tasks.base import Task, plain, statistics_split
-from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
-                                remove_checkpoint, training_run, use_autocast)
+from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, evaluation_precision, fit,
+                                         loader_options, remove_checkpoint, training_run, use_autocast)
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -200,7 +200,7 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
                          labels=batch["labels"].to(device, non_blocking=True)).loss
 
     def validate(model):
-        with autocast(device, amp):
+        with evaluation_precision(precision, device):
             metrics = evaluate_image_classifier(model, validation_set, eval_batch_size)
         return metrics["accuracy"], {"validation_accuracy": metrics["accuracy"], "validation_loss": metrics["loss"]}
 

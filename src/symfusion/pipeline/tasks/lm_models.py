@@ -20,8 +20,8 @@ from symfusion.errors import SymfusionError
 from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.pipeline.data.text.bpe import tokenizer_digest
-from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, fit, loader_options,
-                                         remove_checkpoint, training_run, use_autocast)
+from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, evaluation_precision, fit,
+                                         loader_options, remove_checkpoint, training_run, use_autocast)
 from symfusion.io.provenance import provenance
 
 SCHEDULE = "cosine"        # linear warmup, then cosine decay to 0 (training.warmup_cosine), as LM pretraining does
@@ -144,7 +144,7 @@ def _train(claim, output: Path, build, tokenizer, train_blocks, validation_block
             return model(input_ids=tokens, labels=tokens).loss
 
     def validate(model):
-        with autocast(device, amp):
+        with evaluation_precision(precision, device):
             scores = evaluate_causal_lm(model, validation_blocks, eval_batch_size)
         return scores["loss"], {"validation_loss": scores["loss"], "validation_perplexity": scores["perplexity"]}
 

@@ -21,8 +21,8 @@ from symfusion.pipeline.tasks.base import Task, plain, statistics_split
 from symfusion.pipeline.tasks.text_encoding import (copy_head, encode_examples, evaluate_text_model, statistic_batches_text,
                                            text_loader)
 from symfusion.pipeline.text_metrics import get_metric
-from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, fit, linear_schedule, loader_options,
-                                remove_checkpoint, training_run, use_autocast)
+from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, evaluation_precision, fit, linear_schedule,
+                                         loader_options, remove_checkpoint, training_run, use_autocast)
 
 SCHEDULE = "linear"        # linear warmup then linear decay to 0, as Hugging Face's Trainer (the paper's setup)
 
@@ -206,7 +206,7 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
             return model(**batch).loss
 
     def validate(model):
-        with autocast(device, amp):
+        with evaluation_precision(precision, device):
             scores = evaluate_text_model(model, tokenizer, validation_set, kind, max_length, metric, eval_batch_size,
                                      label_names=names)
         return scores["score"], {f"validation_{k}": v for k, v in scores.items() if k != "per_example"}
