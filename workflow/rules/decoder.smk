@@ -29,7 +29,7 @@ rule decoder_mergekit:
         f"{BENCH}/{{track}}/{{group}}/mergekit/{{source}}-onto-{{anchor}}/{{matching}}.tsv"
     threads: 1
     resources:
-        gpu=1,          # evaluated under the same precision as symfusion's merges (bfloat16 autocast on a GPU)
+        gpu=1,          # evaluated on the same device and in the same precision as symfusion's merges
     conda:
         ENV
     shell:
