@@ -13,7 +13,10 @@ trap 'rm -rf "$work"' EXIT
 
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-"$venv/bin/python" -m pip install --quiet "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+. scripts/torch_cpu_index.sh
+# shellcheck disable=SC2046   # the options split into words on purpose
+"$venv/bin/python" -m pip install --quiet "torch==2.13.0" $(torch_cpu_index "$venv/bin/python") 2>&1 \
+  | grep -v "^WARNING: Location" || true
 "$venv/bin/python" -m pip install --quiet "$repo" 2>&1 | grep -v "^WARNING: Location" || true
 
 cd "$work"                                  # not the checkout: the installed package, not src/, is imported

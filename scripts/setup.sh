@@ -37,7 +37,9 @@ if [ "$CUDA" = 1 ]; then
   python -m pip install --quiet "torch==$TORCH_VERSION" --index-url "${TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu128}"
 else
   # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-  python -m pip install --quiet "torch==$TORCH_VERSION"
+  . scripts/torch_cpu_index.sh
+  # shellcheck disable=SC2046   # the options split into words on purpose
+  python -m pip install --quiet "torch==$TORCH_VERSION" $(torch_cpu_index python)
 fi
 python -m pip install --quiet -e ".[pipeline,merge,dev]"
 # The real decoder checkpoint of tests/pipeline/test_smollm2.py: only its GGUF file is read (see pyproject.toml).
