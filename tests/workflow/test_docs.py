@@ -128,8 +128,8 @@ def stage_keys(stage: str) -> frozenset[str] | None:
     if not path.is_file():
         return None
     data = yaml.safe_load(path.read_text()) or {}
-    groups = {key for entry in data.get("defaults", []) if isinstance(entry, dict)
-              for key in entry if not key.startswith("override")}
+    groups = {key.removeprefix("optional ") for entry in data.get("defaults", []) if isinstance(entry, dict)
+              for key in entry if not key.startswith("override")}             # `optional profile: mini` is a group
     return frozenset(set(data) - {"defaults", "hydra"} | groups)
 
 
