@@ -137,6 +137,7 @@ def test_evaluations_score_in_float32_unless_bf16_is_asked_for():
     ties close predictions); `bf16` keeps autocast (how the CPU tests keep that path alive)."""
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     for device in [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else []):
         layer.to(device)
         for precision, dtype in (("auto", torch.float32), ("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -148,6 +149,7 @@ def test_evaluations_score_in_float32_unless_bf16_is_asked_for():
                     assert torch.backends.cuda.matmul.allow_tf32 == (precision == "bf16")
             if device.type == "cuda":
                 assert torch.backends.cuda.matmul.allow_tf32            # restored after
+    torch.backends.cuda.matmul.allow_tf32 = tf32                        # as the test found it
     with pytest.raises(SymfusionError, match="precision='half'"):
         with evaluation_precision("half", torch.device("cpu")):
             pass

@@ -298,7 +298,6 @@ def test_caches_read_and_replace_only_this_users_entries(tmp_path):
 def test_model_caches_are_reused_only_when_this_users(tmp_path, monkeypatch):
     """A Hub or GGUF cache folder under its name that is a link (or another user's) is refused in one line, never
     used as the base model."""
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     commit = "0" * 40
     target = tmp_path / f"org__model@{commit}"
@@ -318,7 +317,6 @@ def test_model_caches_are_reused_only_when_this_users(tmp_path, monkeypatch):
 def test_the_hub_lock_file_is_never_written_through_a_planted_name(tmp_path):
     """The Hub lock file's guard and the lock file itself as links to a victim: one error line, the victim intact
     (its fixed `.NAME.tmp-PID` used to be written through a planted link)."""
-
     victim = victim_of(tmp_path) / "precious.txt"
     lock = tmp_path / "hub-revisions.lock.json"
     os.symlink(victim, tmp_path / f".{lock.name}.lock")
@@ -340,7 +338,6 @@ def test_the_warm_worker_serves_only_from_a_folder_of_its_own(tmp_path, monkeypa
     """A socket in a folder others may write (where another user could replace it and receive every job's streams
     and environment) is refused by symfusion-worker in one line and never used by a command; the worker removes
     only its own socket."""
-
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)

@@ -66,12 +66,16 @@ def linear_schedule(optimizer, total_steps: int, warmup_ratio: float):
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
+def _checked(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise SymfusionError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
 def use_autocast(precision: str, device: torch.device) -> bool:
     """Whether to run forward passes under bfloat16 autocast: `auto` does on CUDA (with TF32 matmuls), not on
     the CPU; `bf16` always (the CPU too, which is how the tests keep this path alive); `fp32` never."""
-    if precision not in PRECISIONS:
-        raise SymfusionError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
-    enabled = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    enabled = _checked(precision) == "bf16" or (precision == "auto" and device.type == "cuda")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = precision != "fp32"
         torch.backends.cudnn.allow_tf32 = precision != "fp32"
@@ -89,19 +93,16 @@ def evaluation_precision(precision: str, device: torch.device):
     float32, with TF32 matmuls off on a GPU, unless `bf16` is asked for. `auto` trains under bfloat16 on a GPU
     but scores in float32: bfloat16 (8 bits of mantissa) ties close predictions, and on an H100 a regression
     head's validation correlation read 0.56 under it against 0.94 in float32 for the same model."""
-    if precision not in PRECISIONS:
-        raise SymfusionError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if device.type != "cuda":
-        with autocast(device, precision == "bf16"):
-            yield
-        return
+    bf16, cuda = _checked(precision) == "bf16", device.type == "cuda"
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "bf16"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bf16
     try:
-        with autocast(device, precision == "bf16"):
+        with autocast(device, bf16):
             yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def loader_options(device: torch.device) -> dict:

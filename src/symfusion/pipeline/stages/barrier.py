@@ -9,6 +9,7 @@ from symfusion.io.modelio import compute_device, write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
 from symfusion.pipeline.stages.common import load_models, matching_of
+from symfusion.pipeline.training import evaluation_precision
 
 BARRIER_MARKER = file_marker(("path", "barrier"))
 
@@ -21,10 +22,12 @@ def run_barrier(anchor: str, source: str, task, output: str, points: int = 11, s
         anchor_model, source_model = load_models([anchor, source])
         anchor_state = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
         source_state = {k: v.detach().clone() for k, v in source_model.state_dict().items()}
-        source_model.to(compute_device())       # the path's evaluations on the GPU when one is visible
+        device = compute_device()
+        source_model.to(device)                 # the path's evaluations on the GPU when one is visible, in float32
         start = time.perf_counter()
-        result = loss_path(source_model, anchor_state, source_state,
-                           lambda m: task.evaluate(m, split, model_dir=source, examples=examples), points)
+        with evaluation_precision("auto", device):
+            result = loss_path(source_model, anchor_state, source_state,
+                               lambda m: task.evaluate(m, split, model_dir=source, examples=examples), points)
         report = {
             "anchor": anchor, "source": source, "matching": matching_of(Path(source)), "task": task.name,
             "split": split, "examples": examples, **result, "seconds": time.perf_counter() - start,
