@@ -7,9 +7,12 @@ use: `--config portable=false`, the machine's own AVX-512 kernels instead of the
 CPU); REFERENCE the reference folder (its figure data in REFERENCE/figures). For every file symfusion-compare checks
 and every column, the largest difference over the rows that the compare's own allowances (the default tolerance, a
 mean's spread over pairs) do not cover is written as that column's tolerance, rounded up to two significant
-digits, under `tolerances:` in REFERENCE/tolerances.yaml, with `why` and what was measured. A word that differs
-(a verdict) cannot be tolerated: it is listed under `differing_words` and the script exits 1, so that a maintainer
-explains it. Nothing is written when the runs agree within the allowances already.
+digits, under `tolerances:` in REFERENCE/tolerances.yaml, with `why` and what was measured. A verdict that differs
+is covered only by the compare's rule for verdicts (compare.py: it may change to or from "no detectable change"
+where the reference row's interval has an endpoint that the cell's spread over pairs or its tolerance recorded here
+lets cross 0); any other word that differs cannot be tolerated: it is listed under `differing_words` and the
+script exits 1, so that a maintainer explains it. Nothing is written when the runs agree within the allowances
+already.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from symfusion.pipeline.report.compare import (DEFAULT_TOLERANCE, TIMING_COLUMNS, TOLERANCES_FILE, Malformed,
-                                               as_number, compared_files, load_table, spread_tolerance)
+                                               as_number, compared_files, load_table, spread_tolerance,
+                                               verdict_may_differ)
 
 
 HEADER = "# symfusion-compare reads this file (src/symfusion/pipeline/report/compare.py); written by scripts/record_tolerances.py"
@@ -39,21 +43,28 @@ def round_up(value: float) -> float:
 
 
 def moved_columns(ours: list[dict], theirs: list[dict]) -> tuple[dict[str, float], list[str]]:
-    """(column -> the largest difference the compare's allowances do not cover, columns whose words differ)."""
+    """(column -> the largest difference the compare's allowances do not cover, columns whose words differ beyond
+    what the compare's rule for verdicts allows once those tolerances are recorded)."""
     moved, words = {}, []
     for row, ref in zip(ours, theirs):
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
             x, y = as_number(row[column]), as_number(ref[column])
-            if x is None or y is None:
-                if row[column] != ref[column] and column not in words:
-                    words.append(column)
-                continue
-            if math.isnan(x) or math.isnan(y):
+            if x is None or y is None or math.isnan(x) or math.isnan(y):
                 continue
             if abs(x - y) > max(DEFAULT_TOLERANCE, spread_tolerance(ref, column)):
                 moved[column] = max(moved.get(column, 0.0), abs(x - y))
+    for row, ref in zip(ours, theirs):
+        def measured(column: str) -> float:
+            return max(spread_tolerance(ref, column), round_up(moved.get(column, 0.0)))
+
+        for column in ref:
+            if column in TIMING_COLUMNS or column not in row or column in words:
+                continue
+            if (as_number(row[column]) is None or as_number(ref[column]) is None) and row[column] != ref[column] \
+                    and not verdict_may_differ(ref, column, row[column], ref[column], measured):
+                words.append(column)
     return moved, words
 
 

@@ -183,3 +183,31 @@ def test_recorded_tolerances_widen_only_the_cells_they_name(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "finite number >= 0" in err
+
+
+BORDER = {"method": "simple", "effect": "1.6", "effect_pairs": "3", "effect_pairs_low": "0.2", "effect_pairs_high": "3.0",
+          "effect_low": "1.1", "effect_high": "2.1", "ours_effect": "helps"}
+
+
+def test_a_verdict_may_flip_to_or_from_no_change_only_where_its_interval_over_pairs_is_borderline():
+    flipped = [dict(BORDER, ours_effect="no detectable change")]
+    assert compare_rows("t.csv", flipped, [BORDER], 0.5) == []          # 0.2 lies within half the width (1.4) of 0
+    assert compare_rows("t.csv", [BORDER], flipped, 0.5) == []          # and the other way round
+    assert len(compare_rows("t.csv", flipped, [BORDER], 0.0)) == 1     # --exact: never
+    (problem,) = compare_rows("t.csv", [dict(BORDER, ours_effect="hurts")], [BORDER], 0.5)
+    assert "'hurts' vs reference 'helps'" in problem                   # never from one side to the other
+    far = dict(BORDER, effect_pairs_low="2.0", effect_pairs_high="3.0")  # 2.0 > half the width (0.5)
+    assert len(compare_rows("t.csv", [dict(far, ours_effect="no detectable change")], [far], 0.5)) == 1
+
+
+def test_the_blanket_tolerance_alone_never_lets_a_verdict_flip_a_recorded_one_may(tmp_path, capsys):
+    one_pair = {"method": "simple", "effect": "0.3", "effect_low": "0.1", "effect_high": "0.5", "ours_effect": "helps"}
+    flipped = dict(one_pair, ours_effect="no detectable change")
+    assert len(compare_rows("t.csv", [flipped], [one_pair], 0.5)) == 1   # 0.1 is within 0.5 of 0, but unmeasured
+    assert len(compare_rows("t.csv", [flipped], [one_pair], 5.0)) == 1
+    assert compare_rows("t.csv", [flipped], [one_pair], 0.5, recorded=[("effect_*", 0.2)]) == []
+    assert len(compare_rows("t.csv", [flipped], [one_pair], 0.5, recorded=[("effect_*", 0.05)])) == 1
+    args = run_dirs(tmp_path, [flipped], [one_pair])
+    assert main(args) == 1
+    (tmp_path / "ref" / "tolerances.yaml").write_text("tolerances:\n  table2.csv: {effect_low: 0.2}\n")
+    assert main(args) == 0 and main(args + ["--exact"]) == 1

@@ -68,3 +68,22 @@ def test_runs_that_agree_write_nothing(tmp_path):
     args = runs(tmp_path, dict(ROW, ours_full="52.3"))
     assert record.main(args + ["--why", "x"]) == 0
     assert not (tmp_path / "ref" / "tolerances.yaml").exists()
+
+
+def test_a_verdict_the_compares_rule_allows_is_no_differing_word(tmp_path, capsys):
+    border = dict(ROW, effect="1.6", effect_pairs="3", effect_pairs_low="0.2", effect_pairs_high="3.0")
+    write(tmp_path / "other" / "results" / "table2.csv", [dict(border, ours_effect="no detectable change")])
+    (tmp_path / "other" / "figures").mkdir(parents=True)
+    write(tmp_path / "ref" / "table2.csv", [border])
+    (tmp_path / "ref" / "figures").mkdir()
+    args = [str(tmp_path / "other" / "results"), str(tmp_path / "other" / "figures"), str(tmp_path / "ref")]
+    assert record.main(args + ["--why", "x"]) == 0                     # borderline over pairs: nothing to record
+    assert not (tmp_path / "ref" / "tolerances.yaml").exists()
+    # a moved endpoint recorded as a tolerance makes the verdict resting on it borderline too
+    one_pair = dict(ROW, effect="0.9", effect_low="0.6", effect_high="1.2")
+    write(tmp_path / "other" / "results" / "table2.csv", [dict(one_pair, effect_low="-0.1", ours_effect="no detectable change")])
+    write(tmp_path / "ref" / "table2.csv", [one_pair])
+    assert record.main(args + ["--why", "x"]) == 0
+    written = yaml.safe_load((tmp_path / "ref" / "tolerances.yaml").read_text())
+    assert written["tolerances"] == {"table2.csv": {"effect_low": 0.7}} and "differing_words" not in written
+    assert compare([args[0], "--figures", args[1], "--reference", args[2]]) == 0

@@ -27,6 +27,8 @@ RESAMPLES = 1000
 CONFIDENCE = 0.95
 SEED = 0
 LOWER_IS_BETTER = ("loss",)
+NO_CHANGE = "no detectable change"
+VERDICTS = ("helps", "hurts", NO_CHANGE)         # what verdict() says
 
 
 def resamples(n: int, test_set: str = "", count: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
@@ -113,7 +115,7 @@ def interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> tuple[f
 def verdict(low: float, high: float, lower_is_better: bool = False) -> str:
     """helps / hurts / no detectable change: by the sign of an interval that excludes 0."""
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 <= high:
-        return "no detectable change"
+        return NO_CHANGE
     better = high < 0 if lower_is_better else low > 0
     return "helps" if better else "hurts"
 

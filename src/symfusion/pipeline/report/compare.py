@@ -12,7 +12,11 @@ table's units: accuracy/F1 points x100, losses); timing columns (Table 3, second
 never compared. A cell that is a mean over several model pairs may also move by half the reference's 95% t
 interval over pairs (its spread columns, report/spread.py; a perplexity by what its loss's interval allows), and a
 cell the reference's tolerances.yaml names (cells known to depend on the CPU: why and how they were measured are
-in the file) by the tolerance recorded there; --exact allows nothing. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
+in the file) by the tolerance recorded there; --exact allows nothing. A verdict (helps / hurts / no detectable
+change) is a function of an interval: it may change to or from "no detectable change" (never between helps and
+hurts) where an interval it rests on, in the reference's row, has an endpoint that the cell's measured allowances
+(half its interval over pairs, a recorded tolerance; not the blanket --tolerance) let cross 0 (`borderline`);
+elsewhere, and always with --exact, a verdict that differs is a difference. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
 conf/experiments.yaml `on_demand`), an unreadable or malformed file, a
 row or a column that one side lacks: each is a difference. Exit code 0 when everything agrees, 1 with a
 readable diff otherwise, 2 (one line) for a usage error.
@@ -27,11 +31,13 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.registry import experiments
+from symfusion.pipeline.uncertainty import NO_CHANGE, VERDICTS
 
 
 def compared_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -146,6 +152,37 @@ def recorded_tolerance(recorded: list[tuple[str, float]], column: str) -> float:
     return max([v for pattern, v in recorded if fnmatch.fnmatchcase(column, pattern)], default=0.0)
 
 
+def verdict_bases(column: str) -> tuple[str, ...]:
+    """The effects a verdict column rests on (report/effects.py, barriers.py): `ours_<effect>` on <effect>, Figure 3's
+    `verdict` on `effect`, a barrier's `change_verdict` on the change over pairs and each pair's; a paper's verdict
+    (copied from the paper) on none."""
+    if column == "verdict":
+        return ("effect",)
+    if column == "change_verdict":
+        return ("change", "pair_change", "barrier_change")
+    return (column[len("ours_"):],) if column.startswith("ours_") else ()
+
+
+def borderline(reference: dict, column: str, allowed: Callable[[str], float]) -> bool:
+    """Whether the verdict in `column` rests on an interval of the reference row (<effect>_low/_high, or over pairs
+    <effect>_pairs_low/_high) with an endpoint within its allowed movement (`allowed`: column -> tolerance, > 0) of
+    0: then numbers that agree within the allowances can fall on either side of 0, hence give either verdict next
+    to it. Over 3 pairs: an interval whose nearer endpoint lies within half its width of 0."""
+    for base in verdict_bases(column):
+        for end in (f"{base}_low", f"{base}_high", f"{base}_pairs_low", f"{base}_pairs_high"):
+            value, tolerance = as_number(reference.get(end)), allowed(end)
+            if value is not None and math.isfinite(value) and tolerance > 0 and abs(value) <= tolerance:
+                return True
+    return False
+
+
+def verdict_may_differ(reference: dict, column: str, ours: str, theirs: str, allowed: Callable[[str], float]) -> bool:
+    """A verdict that differs from the reference's and is allowed to: one of the two is "no detectable change", the
+    other a verdict, and the row is borderline for that column."""
+    return ({ours, theirs} <= set(VERDICTS) and NO_CHANGE in (ours, theirs) and ours != theirs
+            and borderline(reference, column, allowed))
+
+
 def row_label(row: dict) -> str:
     """A row's name in a message: its first cell, and the second when that is a name too (fig3: `ot_acts /
     rotation`), never a number (table2: `ot_acts`, not `ot_acts / 47.68`)."""
@@ -169,18 +206,23 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
     for index, (row, ref) in enumerate(zip(ours, theirs)):
         label = row_label(row)
         row_allowed = row_tolerance(ref, tolerance, within_intervals)
+
+        def measured(column: str) -> float:           # what the reference measured of a cell's variation
+            if tolerance == 0 and not within_intervals:
+                return 0.0                                # --exact
+            return max(spread_tolerance(ref, column), recorded_tolerance(recorded or [], column))
+
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
-            allowed = row_allowed if tolerance == 0 and not within_intervals else max(
-                row_allowed, spread_tolerance(ref, column), recorded_tolerance(recorded or [], column))
+            allowed = max(row_allowed, measured(column))
             a, b = row.get(column), ref[column]
             x, y = as_number(a), as_number(b)
             if x is not None and y is not None:
                 if (math.isnan(x) != math.isnan(y)) or (not math.isnan(x) and abs(x - y) > allowed):
                     problems.append(f"{name} row {index} ({label}) {column}: {x:.4g} vs reference {y:.4g} "
                                     f"(|diff| {abs(x - y):.3g} > {allowed:.3g})")
-            elif a != b:
+            elif a != b and not verdict_may_differ(ref, column, a, b, measured):
                 problems.append(f"{name} row {index} ({label}) {column}: {a!r} vs reference {b!r}")
     return problems
 

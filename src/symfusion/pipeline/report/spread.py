@@ -15,8 +15,9 @@ import statistics
 
 from scipy.stats import t as student_t
 
+from symfusion.pipeline.uncertainty import NO_CHANGE
+
 CONFIDENCE = 0.95
-NO_CHANGE = "no detectable change"
 
 
 def over_pairs(values: dict[str, float]) -> dict:
