@@ -10,6 +10,9 @@ resamples of the test examples for both variants; a barrier is recomputed on eve
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
+    glmc_ffn                 FFN permutations on Generalized LMC's neuron cost (its code): the L1 distance between
+                             unit-normalised neuron vectors [input row, bias, (gate row, bias,) output column]
+    glmc_both                glmc_weights and glmc_ffn together
     circuits                 heads assigned on QK/OV circuit inner products <W_Q^T W_K, ..> + <W_O W_V, ..>
     identity_start           the descent started from R = I (the paper's matching's basis)
     multi_start              starts: weights, R = I, three jittered weights starts; least folded distance
@@ -49,6 +52,7 @@ from symfusion.matching.heads import match_heads, pair_crosses
 from symfusion.matching.permutation import max_assignment
 from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline.tasks import make_task
+from symfusion.pipeline.report.spread import over_pairs
 from symfusion.pipeline.uncertainty import interval, paired_effect, resamples
 from symfusion.symmetry import apply_transform
 
@@ -81,6 +85,24 @@ def circuit_heads(source, anchor, att, heads, kind="rotation"):
 def circuit_head_solve(moved, fa, att, heads, r, source):
     """descent.head_solve with the circuit assignment (and no certificate)."""
     return circuit_heads(moved, fa, att, heads), None
+
+
+def neuron_vectors(state, ffn) -> torch.Tensor:
+    """Each FFN neuron's weights as one unit vector, (ffn, features) float64: its input row and bias, its gate row
+    and bias (gated FFNs), its output column."""
+    parts = [state[ffn.input.weight]] + ([state[ffn.input.bias][:, None]] if ffn.input.bias else [])
+    if ffn.gate is not None:
+        parts += [state[ffn.gate.weight]] + ([state[ffn.gate.bias][:, None]] if ffn.gate.bias else [])
+    parts.append(state[ffn.output.weight].T)
+    vectors = torch.cat([p.double() for p in parts], dim=1)                       # (ffn, features)
+    return vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-30)
+
+
+def glmc_ffn_solve(moved, fa, ffn, r, source):
+    """descent.ffn_solve on Generalized LMC's cost (weight_matching.py: cdist p=1 of L2-normalised neuron vectors,
+    an exact assignment): the permutation minimising the summed L1 distances, with no certificate."""
+    cost = torch.cdist(neuron_vectors(fa, ffn), neuron_vectors(moved, ffn), p=1)   # (anchor, source)
+    return max_assignment(-cost), None
 
 
 def extra_starts(kinds: tuple):
@@ -177,6 +199,10 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir):
     elif variant == "multi_start_no_rescale":
         config = dataclasses.replace(FULL, rescale=False)
         patches = [(whole, "starts", extra_starts(("weights", "identity", 1, 2, 3)))]
+    elif variant == "glmc_ffn":
+        patches = [(descent, "ffn_solve", glmc_ffn_solve)]
+    elif variant == "glmc_both":
+        patches = [(pairs_module.StatePair, "__init__", glmc_pair()), (descent, "ffn_solve", glmc_ffn_solve)]
     elif variant == "circuits":
         patches = [(compose, "match_heads", circuit_heads), (descent, "head_solve", circuit_head_solve)]
     elif variant == "identity_start":
@@ -258,13 +284,20 @@ def effect(records: list[tuple[dict, dict]], metric: str, scale: float) -> dict:
     return {"simple": simple, "barrier": (point[0], *interval(total[0])), "barrier_linear": (point[1], *interval(total[1]))}
 
 
+def t_interval(spread: dict, digits: int) -> str:
+    """[low, high] of a t interval over pairs (report/spread.py), or '1 pair'."""
+    if spread["low"] is None:
+        return "1 pair"
+    return f"[{spread['low']:+.{digits}f}, {spread['high']:+.{digits}f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--track", choices=list(TRACKS), required=True)
     parser.add_argument("--models", type=Path, required=True, help="folder holding the end models seed0, seed1, ...")
     parser.add_argument("--pairs", nargs="*", default=["seed1:seed0", "seed2:seed0", "seed2:seed1"], help="source:anchor")
     parser.add_argument("--variants", nargs="*", default=["none", "rotation", "full_symmetry", "fan_in", "glmc_weights",
-                                                           "circuits",
+                                                           "glmc_ffn", "circuits",
                                                            "identity_start", "multi_start"])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/ablation"))
     args = parser.parse_args()
@@ -278,8 +311,11 @@ def main() -> None:
     metric, scale = ("accuracy", 100.0) if args.track == "vit" else ("loss", 1.0)
     base = {p: run(args.track, args.models, p, "full_symmetry", args.out) for p in args.pairs}
     none = {p: run(args.track, args.models, p, "none", args.out) for p in args.pairs}
-    print(f"\n| variant | simple ({metric}) per pair | barrier (max-min) per pair | % of unmatched | "
-          f"simple vs full_symmetry | barrier vs full_symmetry | above-line barrier vs full_symmetry |\n|" + "---|" * 7)
+    print(f"\nEffects vs full_symmetry: the mean over pairs with its 95% paired bootstrap interval over the test examples,"
+          f" then the 95% t interval over the {len(args.pairs)} pairs (what another pair of end models may give)."
+          f"\n\n| variant | simple ({metric}) per pair | barrier (max-min) per pair | % of unmatched | "
+          f"simple vs full_symmetry | over pairs | barrier vs full_symmetry | over pairs | "
+          f"above-line barrier vs full_symmetry |\n|" + "---|" * 9)
     for variant in args.variants:
         records = [run(args.track, args.models, p, variant, args.out) for p in args.pairs]
         values = " / ".join(f"{r['simple'][metric] * scale:.2f}" for r in records)
@@ -287,12 +323,15 @@ def main() -> None:
         ratio = np.mean([r["barrier"] / none[p]["barrier"] for r, p in zip(records, args.pairs)]) * 100
         cells = [variant, values, paths, f"{ratio:.0f}%"]
         if variant == "full_symmetry":
-            cells += ["", "", ""]
+            cells += [""] * 5
         else:
             e = effect([(r, base[p]) for r, p in zip(records, args.pairs)], metric, scale)
             s = e["simple"]
-            cells += [f"{s['effect']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}]",
-                      "{:+.3f} [{:+.3f}, {:+.3f}]".format(*e["barrier"]),
+            pairs_simple = over_pairs({p: (r["simple"][metric] - base[p]["simple"][metric]) * scale
+                                       for r, p in zip(records, args.pairs)})
+            pairs_barrier = over_pairs({p: r["barrier"] - base[p]["barrier"] for r, p in zip(records, args.pairs)})
+            cells += [f"{s['effect']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}]", t_interval(pairs_simple, 2),
+                      "{:+.3f} [{:+.3f}, {:+.3f}]".format(*e["barrier"]), t_interval(pairs_barrier, 3),
                       "{:+.3f} [{:+.3f}, {:+.3f}]".format(*e["barrier_linear"])]
         print("| " + " | ".join(cells) + " |", flush=True)
 
