@@ -68,7 +68,7 @@ class Batches:
         pass
 
     def statistic_batches(self, count, folder, split="validation"):
-        assert split == "validation"            # run_match's default (symfusion-match data_split)
+        assert split == "train"                 # run_match's default (symfusion-match data_split)
         return self.data[:count]
 
 

@@ -11,10 +11,10 @@ from symfusion.pipeline.stages.common import require_folder
 
 def run_match(source: str, anchor: str, output: str, matching: MatchConfig, matching_name: str, layers=None,
               last_layers=None, max_relative_output_change: float = 1e-3, resolved_config: dict | None = None,
-              data_task=None, data_batches: int = 16, data_split: str = "validation") -> dict:
+              data_task=None, data_batches: int = 200, data_split: str = "train") -> dict:
     """Match `source` onto `anchor` and write `output` (the matched folder, match.json, transform.safetensors) as
     align() does; returns the report. data_task: the task whose statistic batches (data_batches of its data_split:
-    validation or train, never test) a data-driven matching reads (matching.needs_data), checked against the source
+    train or validation, never test; the defaults are symfusion-match's, presets/match.yaml) a data-driven matching reads (matching.needs_data), checked against the source
     model first."""
     source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
     data = origin = None
