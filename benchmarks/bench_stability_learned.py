@@ -9,7 +9,7 @@ Prints one row per run (the descent's folded distance, the refinement's midpoint
 merge's test metric and loss) and the spread (max - min over the runs) of the merge's metric, in points.
     python benchmarks/bench_stability_learned.py --anchor results/mini/vision/fashion_mnist/models/seed0 \\
         --source results/mini/vision/fashion_mnist/models/seed1 --task fashion_mnist [--seeds 1 2 3] \\
-        [--eps 1e-7] [--matchings full_symmetry full_symmetry_learned] [--profile mini] [--data-split train] \\
+        [--eps 1e-7] [--matchings full_symmetry full_symmetry_learned] [--profile mini] [--data-split validation] \\
         [--examples N]
 Goal (issue 33): the learned variant's Simple merge moves by at most 0.5 points on the mini ViT pair.
 """
@@ -64,8 +64,8 @@ def main() -> None:
     parser.add_argument("--matchings", nargs="*", default=["full_symmetry_learned"])
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     parser.add_argument("--eps", type=float, default=1e-7)
-    parser.add_argument("--data-batches", type=int, default=16, help="as symfusion-match data_batches")
-    parser.add_argument("--data-split", default="validation", choices=("validation", "train"),
+    parser.add_argument("--data-batches", type=int, default=200, help="as symfusion-match data_batches")
+    parser.add_argument("--data-split", default="train", choices=("train", "validation"),
                         help="as symfusion-match data_split")
     parser.add_argument("--examples", type=int, default=None, help="a seeded subset of the test split (default all)")
     args = parser.parse_args()
