@@ -46,6 +46,7 @@ from symfusion.arch import layout_of
 from symfusion.pipeline.config import load_group
 from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES
+from symfusion.fusion.ot_wts import unit_rows
 from symfusion.interpolation import loss_path
 from symfusion.matching import match_models, matching_config
 from symfusion.matching.heads import match_heads, pair_crosses
@@ -94,8 +95,7 @@ def neuron_vectors(state, ffn) -> torch.Tensor:
     if ffn.gate is not None:
         parts += [state[ffn.gate.weight]] + ([state[ffn.gate.bias][:, None]] if ffn.gate.bias else [])
     parts.append(state[ffn.output.weight].T)
-    vectors = torch.cat([p.double() for p in parts], dim=1)                       # (ffn, features)
-    return vectors / vectors.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    return unit_rows(torch.cat([p.double() for p in parts], dim=1))               # (ffn, features)
 
 
 def glmc_ffn_solve(moved, fa, ffn, r, source):

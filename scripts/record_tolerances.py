@@ -45,26 +45,23 @@ def round_up(value: float) -> float:
 def moved_columns(ours: list[dict], theirs: list[dict]) -> tuple[dict[str, float], list[str]]:
     """(column -> the largest difference the compare's allowances do not cover, columns whose words differ beyond
     what the compare's rule for verdicts allows once those tolerances are recorded)."""
-    moved, words = {}, []
+    moved, differing = {}, []           # differing: (reference row, column, ours, theirs) of words that differ
     for row, ref in zip(ours, theirs):
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
             x, y = as_number(row[column]), as_number(ref[column])
-            if x is None or y is None or math.isnan(x) or math.isnan(y):
-                continue
-            if abs(x - y) > max(DEFAULT_TOLERANCE, spread_tolerance(ref, column)):
+            if x is None or y is None:
+                if row[column] != ref[column]:
+                    differing.append((ref, column, row[column], ref[column]))
+            elif not (math.isnan(x) or math.isnan(y)) and abs(x - y) > max(DEFAULT_TOLERANCE,
+                                                                          spread_tolerance(ref, column)):
                 moved[column] = max(moved.get(column, 0.0), abs(x - y))
-    for row, ref in zip(ours, theirs):
-        def measured(column: str) -> float:
-            return max(spread_tolerance(ref, column), round_up(moved.get(column, 0.0)))
-
-        for column in ref:
-            if column in TIMING_COLUMNS or column not in row or column in words:
-                continue
-            if (as_number(row[column]) is None or as_number(ref[column]) is None) and row[column] != ref[column] \
-                    and not verdict_may_differ(ref, column, row[column], ref[column], measured):
-                words.append(column)
+    words = []                          # judged once every tolerance is known
+    for ref, column, a, b in differing:
+        measured = lambda c, ref=ref: max(spread_tolerance(ref, c), round_up(moved.get(c, 0.0)))  # noqa: E731
+        if column not in words and not verdict_may_differ(ref, column, a, b, measured):
+            words.append(column)
     return moved, words
 
 

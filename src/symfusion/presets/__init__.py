@@ -39,4 +39,9 @@ def load_preset(group: str, name: str) -> DictConfig:
     return OmegaConf.merge(*(load_preset(group, base) for base in bases), config) if bases else config
 
 
-__all__ = ["GROUPS", "PRESETS_DIR", "load_preset", "preset_names", "preset_path"]
+def match_option(name: str):
+    """A default of symfusion-match's options (match.yaml), for the callers that take them without Hydra."""
+    return OmegaConf.load(PRESETS_DIR / "match.yaml")[name]
+
+
+__all__ = ["GROUPS", "PRESETS_DIR", "load_preset", "match_option", "preset_names", "preset_path"]
