@@ -115,6 +115,8 @@ class ModelLayout:
     num_kv_heads: int | None = None        # None: one KV head per query head
     rotary_dim: int = 0                    # see AttentionLayout
     match_heads: bool = False              # whether matching permutes whole heads by default (decoders)
+    refine_lr: float = 1e-2                # the learned refinement's defaults for the family (families.py)
+    refine_alphas: tuple[float, float] = (0.5, 0.5)
     stored: tuple[tuple[str, Stored], ...] = ()   # canonical key -> stored tensor (GPT-2's fused Conv1D)
 
     @property
@@ -330,6 +332,8 @@ def layout_of(config, state: Mapping[str, torch.Tensor]) -> ModelLayout:
         num_kv_heads=kv_heads if kv_heads != num_heads else None,
         rotary_dim=attention["rotary_dim"],
         match_heads=spec.match_heads,
+        refine_lr=spec.refine_lr,
+        refine_alphas=spec.refine_alphas,
         stored=stored,
     )
     _check_shapes(layout, state)

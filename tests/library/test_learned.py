@@ -2,12 +2,15 @@
 (m_qk, m_vo; per-plane scales under RoPE) and per-neuron scales of gated FFNs keep the function, maps outside the
 group break it; the refinement lowers its objective, returns an exact group element (the moved model computes
 the source's function), is deterministic, and refuses wrong settings with one error line."""
+import dataclasses
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
+from symfusion.families import DECODER_REFINE
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.presets import load_preset
 from symfusion.stream import stream_layout
@@ -176,9 +179,26 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
     default = MatchConfig()
     for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_group", "refine_gauge"):
         value = preset[name]
-        assert (tuple(value) if name == "refine_alphas" else value) == getattr(default, name), name
+        assert (tuple(value) if name == "refine_alphas" and value is not None else value) == getattr(default, name), name
     learned = matching_config("full_symmetry_learned")
     assert learned.refine == "loss" and learned.refine_settings().alphas == (0.5, 0.5)
     config = MatchConfig.from_mapping(OmegaConf.create({"residual": "auto", "refine": "loss",
                                                         "refine_alphas": [0.2, 0.8], "refine_group": "general"}))
     assert config.refine_settings().alphas == (0.2, 0.8) and config.refine_settings().group == "general"
+
+
+@pytest.mark.parametrize("kind,family,overrides", REFINED[:2], ids=REFINED_IDS[:2])
+def test_the_learning_rate_and_path_points_left_null_are_the_familys_and_an_override_wins(kind, family, overrides):
+    """refine_lr / refine_alphas null (the presets): the family's defaults (families.py: the ViT's midpoint at 1e-2,
+    DECODER_REFINE for decoders), which the refinement reports using; a value given wins for every family."""
+    model = build(kind, family, overrides, seed=1)
+    layout = layout_of(model.config, model.state_dict())
+    expected = DECODER_REFINE if layout.has_decoder_parts else {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5)}
+    learned = matching_config("full_symmetry_learned")
+    assert learned.refine_lr is None and learned.refine_alphas is None
+    settings = learned.refine_settings(layout)
+    assert (settings.learning_rate, settings.alphas) == (expected["refine_lr"], tuple(expected["refine_alphas"]))
+    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75)).refine_settings(layout)
+    assert (given.learning_rate, given.alphas) == (0.2, (0.25, 0.75))
+    refine = _refine(kind, family, overrides)[2].residual["refine"]
+    assert (refine["learning_rate"], refine["alphas"]) == (expected["refine_lr"], list(expected["refine_alphas"]))

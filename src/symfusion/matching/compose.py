@@ -78,7 +78,8 @@ class MatchConfig:
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
     the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
-    (learned.RefineSettings, which checks their ranges).
+    (learned.RefineSettings, which checks their ranges); refine_lr and refine_alphas None = the family's default
+    (families.py: the midpoint at 1e-2 for encoders, a wider path for decoders).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -92,9 +93,9 @@ class MatchConfig:
     residual_solve: str = "weights"
     refine: str = "none"
     refine_steps: int = 200
-    refine_lr: float = 1e-2
+    refine_lr: float | None = None
     refine_schedule: str = "cosine"
-    refine_alphas: tuple[float, float] = (0.5, 0.5)
+    refine_alphas: tuple[float, float] | None = None
     refine_group: str = "orthogonal"
     refine_gauge: bool = True
 
@@ -109,14 +110,16 @@ class MatchConfig:
         _choice("refine", self.refine, REFINE_CHOICES)
         if isinstance(self.refine_steps, bool) or not isinstance(self.refine_steps, int) or self.refine_steps < 1:
             raise SymfusionError(f"matching.refine_steps={self.refine_steps!r} must be an integer >= 1")
-        _number("refine_lr", self.refine_lr)
+        if self.refine_lr is not None:
+            _number("refine_lr", self.refine_lr)
         _choice("refine_schedule", self.refine_schedule, REFINE_SCHEDULES)
-        if isinstance(self.refine_alphas, (str, bytes)) or not isinstance(self.refine_alphas, Sequence) \
-                or len(self.refine_alphas) != 2:
-            raise SymfusionError(f"matching.refine_alphas={self.refine_alphas!r} must be a list [lo, hi]")
-        for alpha in self.refine_alphas:
-            _number("refine_alphas", alpha)
-        object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
+        if self.refine_alphas is not None:
+            if isinstance(self.refine_alphas, (str, bytes)) or not isinstance(self.refine_alphas, Sequence) \
+                    or len(self.refine_alphas) != 2:
+                raise SymfusionError(f"matching.refine_alphas={self.refine_alphas!r} must be a list [lo, hi] or null")
+            for alpha in self.refine_alphas:
+                _number("refine_alphas", alpha)
+            object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
         _choice("refine_group", self.refine_group, REFINE_GROUPS)
         _flag("refine_gauge", self.refine_gauge)
         if self.rescale and self.attention != "rotation":
@@ -132,12 +135,18 @@ class MatchConfig:
 
     def as_report(self) -> dict:
         """The settings as a report (match.json) states them: JSON values, refine_alphas a list."""
-        return {**dataclasses.asdict(self), "refine_alphas": list(self.refine_alphas)}
+        return {**dataclasses.asdict(self),
+                "refine_alphas": None if self.refine_alphas is None else list(self.refine_alphas)}
 
-    def refine_settings(self) -> RefineSettings:
-        """The learned refinement's settings (matching/learned.py)."""
-        return RefineSettings(steps=self.refine_steps, learning_rate=self.refine_lr, schedule=self.refine_schedule,
-                              alphas=self.refine_alphas, group=self.refine_group, gauge=self.refine_gauge)
+    def refine_settings(self, layout: ModelLayout | None = None) -> RefineSettings:
+        """The learned refinement's settings (matching/learned.py); refine_lr and refine_alphas None: the layout's
+        family's (without a layout, RefineSettings' own defaults, the encoders')."""
+        family = RefineSettings() if layout is None else \
+            RefineSettings(learning_rate=layout.refine_lr, alphas=tuple(layout.refine_alphas))
+        return RefineSettings(steps=self.refine_steps, schedule=self.refine_schedule, group=self.refine_group,
+                              gauge=self.refine_gauge,
+                              learning_rate=family.learning_rate if self.refine_lr is None else self.refine_lr,
+                              alphas=family.alphas if self.refine_alphas is None else self.refine_alphas)
 
     @property
     def needs_data(self) -> bool:

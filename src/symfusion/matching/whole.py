@@ -145,7 +145,7 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     if config.refine == "loss":
         with clock("refine"):
             r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
-                                                              data.batches, config.refine_settings())
+                                                              data.batches, config.refine_settings(layout))
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
         transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
