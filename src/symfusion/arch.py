@@ -115,8 +115,7 @@ class ModelLayout:
     num_kv_heads: int | None = None        # None: one KV head per query head
     rotary_dim: int = 0                    # see AttentionLayout
     match_heads: bool = False              # whether matching permutes whole heads by default (decoders)
-    refine_lr: float = 1e-2                # the learned refinement's defaults for the family (families.py)
-    refine_alphas: tuple[float, float] = (0.5, 0.5)
+    refine: tuple[tuple[str, object], ...] = ()   # the family's learned-refinement settings (families.py)
     stored: tuple[tuple[str, Stored], ...] = ()   # canonical key -> stored tensor (GPT-2's fused Conv1D)
 
     @property
@@ -332,8 +331,7 @@ def layout_of(config, state: Mapping[str, torch.Tensor]) -> ModelLayout:
         num_kv_heads=kv_heads if kv_heads != num_heads else None,
         rotary_dim=attention["rotary_dim"],
         match_heads=spec.match_heads,
-        refine_lr=spec.refine_lr,
-        refine_alphas=spec.refine_alphas,
+        refine=spec.refine,
         stored=stored,
     )
     _check_shapes(layout, state)

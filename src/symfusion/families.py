@@ -41,10 +41,10 @@ class FamilySpec:
     qk_norm:          module names (in "layer") of per-head q/k norms, when the checkpoint has them
     conv1d:           the layer maps are Conv1D (weight (in, out)), with Q, K, V fused in modules["qkv"]
     match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
-    refine_lr, refine_alphas: the learned refinement's learning rate and path points (alpha ~ U(lo, hi)) where the
-                      matching leaves them to the family (matching.refine_lr / refine_alphas null): measured on the
-                      mini's pairs (docs/matching.md), 1e-2 at the midpoint for the ViT, DECODER_REFINE for the
-                      Llama decoders, whose refinement at the midpoint alone left a bulge beside it
+    refine:           the learned refinement's settings where the matching leaves them to the family
+                      (matching.refine_lr / refine_alphas / refine_group null), as (setting, value) pairs; the
+                      others take RefineSettings' defaults (matching/learned.py): lr 1e-2 at the midpoint, the
+                      orthogonal group, measured best on the mini's ViTs; DECODER_REFINE for causal LMs
     padding_free:     the layer maps read token states only, so a padded batch may run them on its real
                       tokens alone (packing.py); False where a layer map also reads other inputs
     norm:             the normalisation of the residual stream: "layernorm" (mean-centred) or "rmsnorm"
@@ -72,8 +72,7 @@ class FamilySpec:
     qk_norm: tuple[str, ...] = ()
     conv1d: bool = False
     match_heads: bool = False
-    refine_lr: float = 1e-2
-    refine_alphas: tuple[float, float] = (0.5, 0.5)
+    refine: tuple[tuple[str, object], ...] = ()
     padding_free: bool = True
     norm: str = "layernorm"
     prenorm: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -166,7 +165,7 @@ _DECODER_RESIDUAL = {
 _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
 # The learned refinement's defaults for causal LMs: measured on the mini's Llama pairs (docs/matching.md), taken for
 # every decoder family (not measured on the others)
-DECODER_REFINE = {"refine_lr": 1e-1, "refine_alphas": (0.1, 0.9)}
+DECODER_REFINE = (("refine_lr", 1e-1), ("refine_alphas", (0.1, 0.9)), ("refine_group", "general"))
 _DECODER_PRENORM = {"input_layernorm": ("query", "key", "value"), "post_attention_layernorm": ("ffn_gate", "ffn_in")}
 _DECODER_FINAL = ("norm", ("lm_head.weight", "score.weight"))
 
@@ -239,25 +238,25 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     ),
     # Llama, Mistral, SmolLM: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases
     FamilySpec(name="llama", model_types=("llama", "mistral"), modules=_DECODER_MODULES, base_prefix="model",
-               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, **DECODER_REFINE,
+               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen2: as Llama, with q/k/v biases (they move with their maps)
     FamilySpec(name="qwen2", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, **DECODER_REFINE,
+               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen3: per-head RMSNorm on q and k (q_norm, k_norm) after the projections: no Q/K rotation
     FamilySpec(name="qwen3", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, **DECODER_REFINE,
+               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
                qk_norm=("self_attn.q_norm", "self_attn.k_norm"),
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # StableLM: LayerNorm, partial rotary (partial_rotary_factor), optional q/k/v biases and per-head q/k LayerNorm
     FamilySpec(name="stablelm", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
                config_fields=_DECODER_FIELDS + ("use_qkv_bias", "qk_layernorm", "use_parallel_residual"), rotary=True,
-               match_heads=True, **DECODER_REFINE, qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm"),
+               match_heads=True, refine=DECODER_REFINE, qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm"),
                prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # GPT-2: learned positions, LayerNorm, Conv1D maps (weight (in, out)) with Q, K, V fused in c_attn, biases
     FamilySpec(
-        name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, **DECODER_REFINE, config_fields=("n_inner",),
+        name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, refine=DECODER_REFINE, config_fields=("n_inner",),
         prenorm={"ln_1": ("query", "key", "value"), "ln_2": ("ffn_in",)}, final_norm=("ln_f", ("lm_head.weight", "score.weight")),
         modules={
             "layer": "h.{i}.",

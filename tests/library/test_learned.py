@@ -188,17 +188,21 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
 
 
 @pytest.mark.parametrize("kind,family,overrides", REFINED[:2], ids=REFINED_IDS[:2])
-def test_the_learning_rate_and_path_points_left_null_are_the_familys_and_an_override_wins(kind, family, overrides):
-    """refine_lr / refine_alphas null (the presets): the family's defaults (families.py: the ViT's midpoint at 1e-2,
-    DECODER_REFINE for decoders), which the refinement reports using; a value given wins for every family."""
+def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_wins(kind, family, overrides):
+    """refine_lr / refine_alphas / refine_group null (the presets): the family's (families.py: RefineSettings' own
+    defaults for the ViT, DECODER_REFINE for decoders), which the refinement reports using; a value given wins."""
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
-    expected = DECODER_REFINE if layout.has_decoder_parts else {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5)}
+    expected = dict(DECODER_REFINE) if layout.has_decoder_parts else \
+        {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal"}
     learned = matching_config("full_symmetry_learned")
-    assert learned.refine_lr is None and learned.refine_alphas is None
+    assert (learned.refine_lr, learned.refine_alphas, learned.refine_group) == (None, None, None)
     settings = learned.refine_settings(layout)
-    assert (settings.learning_rate, settings.alphas) == (expected["refine_lr"], tuple(expected["refine_alphas"]))
-    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75)).refine_settings(layout)
-    assert (given.learning_rate, given.alphas) == (0.2, (0.25, 0.75))
+    assert (settings.learning_rate, settings.alphas, settings.group) == \
+        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"])
+    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="orthogonal")
+    assert (given.refine_settings(layout).learning_rate, given.refine_settings(layout).alphas,
+            given.refine_settings(layout).group) == (0.2, (0.25, 0.75), "orthogonal")
     refine = _refine(kind, family, overrides)[2].residual["refine"]
-    assert (refine["learning_rate"], refine["alphas"]) == (expected["refine_lr"], list(expected["refine_alphas"]))
+    assert (refine["learning_rate"], refine["alphas"], refine["group"]) == \
+        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"])

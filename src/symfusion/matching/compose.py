@@ -78,8 +78,8 @@ class MatchConfig:
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
     the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
-    (learned.RefineSettings, which checks their ranges); refine_lr and refine_alphas None = the family's default
-    (families.py: the midpoint at 1e-2 for encoders, a wider path for decoders).
+    (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas and refine_group None = the
+    family's (families.py, `refine`; else RefineSettings' defaults).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -96,7 +96,7 @@ class MatchConfig:
     refine_lr: float | None = None
     refine_schedule: str = "cosine"
     refine_alphas: tuple[float, float] | None = None
-    refine_group: str = "orthogonal"
+    refine_group: str | None = None
     refine_gauge: bool = True
 
     def __post_init__(self):
@@ -120,7 +120,8 @@ class MatchConfig:
             for alpha in self.refine_alphas:
                 _number("refine_alphas", alpha)
             object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
-        _choice("refine_group", self.refine_group, REFINE_GROUPS)
+        if self.refine_group is not None:
+            _choice("refine_group", self.refine_group, REFINE_GROUPS)
         _flag("refine_gauge", self.refine_gauge)
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
@@ -139,14 +140,14 @@ class MatchConfig:
                 "refine_alphas": None if self.refine_alphas is None else list(self.refine_alphas)}
 
     def refine_settings(self, layout: ModelLayout | None = None) -> RefineSettings:
-        """The learned refinement's settings (matching/learned.py); refine_lr and refine_alphas None: the layout's
-        family's (without a layout, RefineSettings' own defaults, the encoders')."""
-        family = RefineSettings() if layout is None else \
-            RefineSettings(learning_rate=layout.refine_lr, alphas=tuple(layout.refine_alphas))
-        return RefineSettings(steps=self.refine_steps, schedule=self.refine_schedule, group=self.refine_group,
-                              gauge=self.refine_gauge,
-                              learning_rate=family.learning_rate if self.refine_lr is None else self.refine_lr,
-                              alphas=family.alphas if self.refine_alphas is None else self.refine_alphas)
+        """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas and refine_group None:
+        the layout's family's (families.py), else RefineSettings' defaults."""
+        family, given = dict(layout.refine if layout is not None else ()), {}
+        for name, setting in (("refine_lr", "learning_rate"), ("refine_alphas", "alphas"), ("refine_group", "group")):
+            value = getattr(self, name) if getattr(self, name) is not None else family.get(name)
+            if value is not None:
+                given[setting] = tuple(value) if setting == "alphas" else value
+        return RefineSettings(steps=self.refine_steps, schedule=self.refine_schedule, gauge=self.refine_gauge, **given)
 
     @property
     def needs_data(self) -> bool:
