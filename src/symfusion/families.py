@@ -164,8 +164,9 @@ _DECODER_RESIDUAL = {
 }
 _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
 # The learned refinement's defaults for causal LMs: measured on the mini's Llama pairs (docs/matching.md), taken for
-# every decoder family (not measured on the others)
-DECODER_REFINE = (("refine_lr", 1e-1), ("refine_alphas", (0.1, 0.9)), ("refine_group", "general"))
+# every decoder family (not measured on the others). The general group lowers their barrier further but its
+# ill-conditioned maps moved tiny random decoders' float32 outputs by up to 3e-4: orthogonal stays the default.
+DECODER_REFINE = (("refine_lr", 1e-1), ("refine_alphas", (0.1, 0.9)))
 _DECODER_PRENORM = {"input_layernorm": ("query", "key", "value"), "post_attention_layernorm": ("ffn_gate", "ffn_in")}
 _DECODER_FINAL = ("norm", ("lm_head.weight", "score.weight"))
 
@@ -238,7 +239,8 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     ),
     # Llama, Mistral, SmolLM: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases
     FamilySpec(name="llama", model_types=("llama", "mistral"), modules=_DECODER_MODULES, base_prefix="model",
-               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
+               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True,
+               refine=DECODER_REFINE,
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen2: as Llama, with q/k/v biases (they move with their maps)
     FamilySpec(name="qwen2", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
@@ -256,7 +258,8 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
                prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # GPT-2: learned positions, LayerNorm, Conv1D maps (weight (in, out)) with Q, K, V fused in c_attn, biases
     FamilySpec(
-        name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, refine=DECODER_REFINE, config_fields=("n_inner",),
+        name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, refine=DECODER_REFINE,
+        config_fields=("n_inner",),
         prenorm={"ln_1": ("query", "key", "value"), "ln_2": ("ffn_in",)}, final_norm=("ln_f", ("lm_head.weight", "score.weight")),
         modules={
             "layer": "h.{i}.",

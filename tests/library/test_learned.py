@@ -193,16 +193,16 @@ def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_win
     defaults for the ViT, DECODER_REFINE for decoders), which the refinement reports using; a value given wins."""
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
-    expected = dict(DECODER_REFINE) if layout.has_decoder_parts else \
-        {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal"}
+    expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal",
+                **(dict(DECODER_REFINE) if layout.has_decoder_parts else {})}
     learned = matching_config("full_symmetry_learned")
     assert (learned.refine_lr, learned.refine_alphas, learned.refine_group) == (None, None, None)
     settings = learned.refine_settings(layout)
     assert (settings.learning_rate, settings.alphas, settings.group) == \
         (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"])
-    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="orthogonal")
+    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="general")
     assert (given.refine_settings(layout).learning_rate, given.refine_settings(layout).alphas,
-            given.refine_settings(layout).group) == (0.2, (0.25, 0.75), "orthogonal")
+            given.refine_settings(layout).group) == (0.2, (0.25, 0.75), "general")
     refine = _refine(kind, family, overrides)[2].residual["refine"]
     assert (refine["learning_rate"], refine["alphas"], refine["group"]) == \
         (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"])
