@@ -42,9 +42,10 @@ class FamilySpec:
     conv1d:           the layer maps are Conv1D (weight (in, out)), with Q, K, V fused in modules["qkv"]
     match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
     refine:           the learned refinement's settings where the matching leaves them to the family
-                      (matching.refine_lr / refine_alphas / refine_group null), as (setting, value) pairs; the
-                      others take RefineSettings' defaults (matching/learned.py): lr 1e-2 at the midpoint, the
-                      orthogonal group, measured best on the mini's ViTs; DECODER_REFINE for causal LMs
+                      (matching.refine_lr / refine_alphas / refine_group / refine_distill null), as (setting,
+                      value) pairs; the others take RefineSettings' defaults (matching/learned.py): lr 1e-2 at
+                      the midpoint, the orthogonal group, no distillation; VIT_REFINE and DECODER_REFINE as
+                      measured on the mini's pairs
     padding_free:     the layer maps read token states only, so a padded batch may run them on its real
                       tokens alone (packing.py); False where a layer map also reads other inputs
     norm:             the normalisation of the residual stream: "layernorm" (mean-centred) or "rmsnorm"
@@ -163,6 +164,8 @@ _DECODER_RESIDUAL = {
     "q_layernorm.weight": (), "k_layernorm.weight": (),
 }
 _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
+# The learned refinement's defaults for ViTs (docs/matching.md): the end models' predictions as targets, weight 0.7
+VIT_REFINE = (("refine_distill", 0.7),)
 # The learned refinement's defaults for causal LMs: measured on the mini's Llama pairs (docs/matching.md), taken for
 # every decoder family (not measured on the others). The general group lowers their barrier further but its
 # ill-conditioned maps moved tiny random decoders' float32 outputs by up to 3e-4: orthogonal stays the default.
@@ -204,7 +207,7 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
         padding_free=False,       # with share_att_key the Q/K maps also project the relative embeddings
     ),
     FamilySpec(
-        name="vit", base_prefix="vit", inputs="pixels",
+        name="vit", base_prefix="vit", inputs="pixels", refine=VIT_REFINE,
         prenorm={"layernorm_before": ("query", "key", "value"), "layernorm_after": ("ffn_in",)},
         final_norm=("layernorm", ("classifier.weight",)),
         # pre-LN layers: layernorm_before reads a layer's input, layernorm_after the stream after attention

@@ -10,8 +10,9 @@ from omegaconf import OmegaConf
 
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.families import DECODER_REFINE
+from symfusion.families import DECODER_REFINE, VIT_REFINE
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
+from symfusion.matching.learned import soft_cross_entropy
 from symfusion.presets import load_preset
 from symfusion.stream import stream_layout
 from symfusion.symmetry import LayerTransform, Transform, apply_transform, plane_rotations
@@ -164,7 +165,9 @@ def test_the_refinement_is_deterministic():
     ({"refine_alphas": (0.8, 0.2)}, "refine_alphas"), ({"refine_alphas": (0.5,)}, "refine_alphas"),
     ({"refine_lr": 0.0}, "refine_lr"), ({"refine_steps": 0}, "refine_steps"),
     ({"refine_lr": "0.1"}, "refine_lr"), ({"refine_alphas": "0.2,0.8"}, "refine_alphas"),
-    ({"refine_alphas": [0.2, True]}, "refine_alphas"), ({"refine_gauge": "yes"}, "refine_gauge")])
+    ({"refine_alphas": [0.2, True]}, "refine_alphas"), ({"refine_gauge": "yes"}, "refine_gauge"),
+    ({"refine_distill": 1.5}, "refine_distill"), ({"refine_distill": -0.1}, "refine_distill"),
+    ({"refine_distill": "0.5"}, "refine_distill")])
 def test_wrong_refine_settings_are_refused_with_one_line(settings, message):
     with pytest.raises(SymfusionError, match=message):
         MatchConfig(residual="auto", refine="loss", **settings)
@@ -177,7 +180,8 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
     MatchConfig default (one value, written twice: a drift fails here); a preset's list [lo, hi] is read as given."""
     preset = load_preset("matching", "full_symmetry")
     default = MatchConfig()
-    for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_group", "refine_gauge"):
+    for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_group", "refine_gauge",
+                 "refine_distill"):
         value = preset[name]
         assert (tuple(value) if name == "refine_alphas" and value is not None else value) == getattr(default, name), name
     learned = matching_config("full_symmetry_learned")
@@ -193,16 +197,44 @@ def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_win
     defaults for the ViT, DECODER_REFINE for decoders), which the refinement reports using; a value given wins."""
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
-    expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal",
-                **(dict(DECODER_REFINE) if layout.has_decoder_parts else {})}
+    expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal", "refine_distill": 0.0,
+                **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
     learned = matching_config("full_symmetry_learned")
-    assert (learned.refine_lr, learned.refine_alphas, learned.refine_group) == (None, None, None)
+    assert (learned.refine_lr, learned.refine_alphas, learned.refine_group, learned.refine_distill) == (None,) * 4
     settings = learned.refine_settings(layout)
-    assert (settings.learning_rate, settings.alphas, settings.group) == \
-        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"])
+    assert (settings.learning_rate, settings.alphas, settings.group, settings.distill) == \
+        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"])
     given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="general")
     assert (given.refine_settings(layout).learning_rate, given.refine_settings(layout).alphas,
             given.refine_settings(layout).group) == (0.2, (0.25, 0.75), "general")
     refine = _refine(kind, family, overrides)[2].residual["refine"]
-    assert (refine["learning_rate"], refine["alphas"], refine["group"]) == \
-        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"])
+    assert (refine["learning_rate"], refine["alphas"], refine["group"], refine["distill"]) == \
+        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"])
+
+
+def test_soft_cross_entropy_on_one_hot_targets_is_the_task_loss():
+    """The distillation term's cross-entropy, given the labels as one-hot targets, equals the model's own loss: a
+    classifier's over its rows, a causal LM's over next-token positions with -100 labels left out."""
+    gen = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(6, 5, generator=gen, dtype=torch.float64), torch.randint(0, 5, (6,), generator=gen)
+    one_hot = torch.nn.functional.one_hot(labels, 5).double()
+    assert torch.allclose(soft_cross_entropy(logits, one_hot, labels),
+                          torch.nn.functional.cross_entropy(logits, labels), rtol=1e-12)
+    logits = torch.randn(3, 7, 11, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 11, (3, 7), generator=gen)
+    labels[0, 4:] = -100
+    labels[2, 2] = -100
+    targets = torch.zeros(3, 7, 11, dtype=torch.float64)
+    targets[:, :-1] = torch.nn.functional.one_hot(labels[:, 1:].clamp_min(0), 11).double()
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100)
+    assert torch.allclose(soft_cross_entropy(logits, targets, labels), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind,family,overrides", REFINED[:2], ids=REFINED_IDS[:2])
+def test_the_refinement_with_distillation_lowers_its_objective_and_keeps_the_function(kind, family, overrides):
+    source, _, result = _refine(kind, family, overrides, refine_distill=0.5)
+    refine = result.residual["refine"]
+    assert refine["distill"] == 0.5 and refine["kept"] == "refined"
+    assert refine["midpoint_loss_after"] < refine["midpoint_loss_before"]
+    assert relative_change(source, result.transform) < 1e-9

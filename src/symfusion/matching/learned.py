@@ -5,7 +5,9 @@ Theus et al.'s learned matching (Generalized LMC for Transformers), the continuo
 transform the descent found are refined by Adam steps on the task loss of points of the path
     theta(alpha) = alpha anchor + (1 - alpha) T(source)
 as stored (the weights a merge averages), alpha drawn uniformly from `alphas` at each step (seeded), over the
-data's batches in a fixed order, with a cosine-decayed learning rate, for a fixed number of steps:
+data's batches in a fixed order, with a cosine-decayed learning rate, for a fixed number of steps; with a
+distillation weight w > 0 each step's loss is w times the cross-entropy of the point's predictions against the end
+models' own, mixed as the point mixes them (alpha p_anchor + (1 - alpha) p_source), plus (1 - w) times the task loss:
 - the residual rotation as R0 expm(S - S^T) (LayerNorm: on the complement of the all-ones vector);
 - the gains t that unfold the moved source's folded pre-norms (the gauge, stream.py), as t0 exp(u): the
   midpoint of two models stored with different gains is not the midpoint of their folded forms;
@@ -49,6 +51,7 @@ class RefineSettings:
     alphas: tuple[float, float] = (0.5, 0.5)     # the path points read: alpha uniform in [lo, hi] (1 = anchor)
     group: str = "orthogonal"                    # orthogonal | general (the full linear group per head)
     gauge: bool = True                           # the path as stored, the unfolding gains learned
+    distill: float = 0.0                         # the weight of the end models' predictions as targets (0: labels only)
     seed: int = 0                                # the alphas' draws
 
     def __post_init__(self):
@@ -59,6 +62,8 @@ class RefineSettings:
                                  f"from {SCHEDULES} and {GROUPS}")
         if len(self.alphas) != 2 or not 0 <= self.alphas[0] <= self.alphas[1] <= 1:
             raise SymfusionError(f"matching.refine_alphas={list(self.alphas)} must satisfy 0 <= lo <= hi <= 1")
+        if not 0 <= self.distill <= 1:
+            raise SymfusionError(f"matching.refine_distill={self.distill} must satisfy 0 <= w <= 1")
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
@@ -173,22 +178,46 @@ def _current(r: torch.Tensor, residual, blocks: Transform, layers: dict) -> tupl
 
 
 class _Path:
-    """The loss of a point of the path between the anchor and the moved source (both as stored, or both folded)."""
+    """The loss of a point of the path between the anchor and the moved source (both as stored, or both folded);
+    with distillation, `ends` holds the two end models' parameters (set before the steps)."""
 
-    def __init__(self, model, layout: ModelLayout, stream: StreamLayout, fs: dict, anchor: dict):
-        self.model, self.layout, self.stream, self.fs = model, layout, stream, fs
+    def __init__(self, model, layout: ModelLayout, stream: StreamLayout, fs: dict, anchor: dict, distill: float = 0.0):
+        self.model, self.layout, self.stream, self.fs, self.distill = model, layout, stream, fs, distill
         self.anchor = {k: v for k, v in anchor.items() if k != stream.tied_copy}
+        self.ends = None
 
-    def loss(self, r, layers, gains, alpha: float, batch: dict) -> torch.Tensor:
+    def params(self, r, layers, gains, alpha: float) -> dict:
         moved = apply_blocks(rotate_stream(self.fs, self.stream, r), self.layout, layers)
         if gains is not None:
             moved = unfold_norms(moved, self.stream.folds, gains)
         point = {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
-        params = self.layout.stored_form(point) if self.layout.stored else point
+        return self.layout.stored_form(point) if self.layout.stored else point
+
+    def output(self, params: dict, batch: dict):
         out = functional_call(self.model, params, args=(), kwargs=batch)
         if getattr(out, "loss", None) is None:
             raise SymfusionError("matching.refine=loss needs batches with labels (the model's own loss)")
-        return out.loss
+        return out
+
+    def loss(self, r, layers, gains, alpha: float, batch: dict) -> torch.Tensor:
+        out = self.output(self.params(r, layers, gains, alpha), batch)
+        if not self.distill:
+            return out.loss
+        with torch.no_grad():
+            anchor, source = (torch.softmax(self.output(params, batch).logits, -1) for params in self.ends)
+        target = alpha * anchor + (1 - alpha) * source
+        return self.distill * soft_cross_entropy(out.logits, target, batch["labels"]) + (1 - self.distill) * out.loss
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of `logits` against the distributions `target` over the positions the task loss
+    reads: every row of a classifier's (batch, classes); a causal LM's (batch, seq, vocab) predicts the next
+    token, so its last position is dropped and positions whose next label is -100 are left out."""
+    log_p = torch.log_softmax(logits, -1)
+    if logits.dim() == 3 and labels.dim() == 2:
+        keep = labels[:, 1:] != -100                                           # (batch, seq - 1)
+        return -(target[:, :-1] * log_p[:, :-1]).sum(-1)[keep].mean()
+    return -(target * log_p).sum(-1).mean()
 
 
 def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor],
@@ -202,7 +231,7 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     floats = lambda state: {k: v.detach().float() if v.is_floating_point() else v for k, v in state.items()}
     fs = floats(fs)
     path = _Path(model.eval(), layout, stream, fs,
-                 floats(layout.canonical(anchor)) if settings.gauge else floats(fa))
+                 floats(layout.canonical(anchor)) if settings.gauge else floats(fa), settings.distill)
     residual, layers = _learnable(r, stream, blocks, layout, settings.group)
     gains0, log_gains = None, {}
     if settings.gauge:
@@ -210,6 +239,9 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
             gains0 = gauge_gains(apply_blocks(rotate_stream(fs, stream, r), layout, blocks.layers),
                                  layout.canonical(anchor), stream.folds)
         log_gains = {k: torch.zeros_like(g, requires_grad=True) for k, g in gains0.items()}
+    if settings.distill:                  # the end models as the path's ends at the descent's transform
+        with torch.no_grad():
+            path.ends = [path.params(r, blocks.layers, gains0, alpha) for alpha in (1.0, 0.0)]
     params = ([t for t in residual.tensors] if residual is not None else []) + \
         [t for parts in layers.values() for p in parts.values() for t in p.tensors] + list(log_gains.values())
 
@@ -240,7 +272,7 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
             schedule.step()
     after = midpoint_loss()
     info = {"steps": settings.steps, "learning_rate": settings.learning_rate, "schedule": settings.schedule,
-            "alphas": list(settings.alphas), "group": settings.group, "gauge": settings.gauge,
+            "alphas": list(settings.alphas), "group": settings.group, "gauge": settings.gauge, "distill": settings.distill,
             "batches": len(batches), "midpoint_loss_before": before, "midpoint_loss_after": after,
             "learned": ["residual"] * (residual is not None) + ["gains"] * bool(log_gains) +
             sorted({n for parts in layers.values() for n in parts})}
