@@ -31,8 +31,8 @@ import torch
 
 GEMM_N = 2048
 # The mini profile's cost in units of the calibration GEMM's work (CPU seconds x GFLOP/s, in TFLOP): the range
-# measured from clean clones on machines of this kind (docs/costs.md, "Runs of the mini profile": 205 on an AMD EPYC Zen 5 for
-# today's 179 jobs; the previous 117 jobs: 167 on a Zen 4, 211-232 on a Zen 3, which pays more per GEMM-equivalent and
+# measured from clean clones on machines of this kind (docs/costs.md, "Runs of the mini profile": 209 on an AMD EPYC Zen 5 for
+# today's 179 jobs, 205 before the ViT's learned refinement distilled; the previous 117 jobs: 167 on a Zen 4, 211-232 on a Zen 3, which pays more per GEMM-equivalent and
 # whose rate varies 67-85 GFLOP/s); on 2 cores a run keeps 1.9 busy.
 MINI_COST_TFLOP = (195.0, 260.0)
 BUSY_PER_CORE = 0.95
