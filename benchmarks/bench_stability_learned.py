@@ -74,6 +74,7 @@ def main() -> None:
     task = make_task(args.task, load_group("profile", args.profile))
     scale = 100.0 if task.metric == "accuracy" else 1.0
     metric = "accuracy %" if task.metric == "accuracy" else "loss (nats)"
+    digits = 2 if task.metric == "accuracy" else 4             # points, or nats as the test loss
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; source x (1 + {args.eps:g} noise), seeds "
           f"{args.seeds}; Simple merge scored on the test split ({args.examples or 'all'} examples)\n")
     print(f"| matching | perturbation seed | folded distance | midpoint loss (refinement data) | Simple {metric} | "
@@ -84,14 +85,14 @@ def main() -> None:
         rows = [run(args, task, matching, seed) for seed in [None, *args.seeds]]
         for r in rows:
             print(f"| {matching} | {'none' if r['seed'] is None else r['seed']} | {r['folded_distance']:.4f} | "
-                  f"{r['midpoint_loss']:.4f} | {scale * r['metric']:.2f} | {r['loss']:.4f} | {r['seconds']:.1f} |",
+                  f"{r['midpoint_loss']:.4f} | {scale * r['metric']:.{digits}f} | {r['loss']:.4f} | {r['seconds']:.1f} |",
                   flush=True)
         metrics = [scale * r["metric"] for r in rows]
         spreads[matching] = (max(metrics) - min(metrics), max(r["loss"] for r in rows) - min(r["loss"] for r in rows))
     print(f"\n| matching | spread of Simple {metric} (max - min over {len(args.seeds) + 1} runs) | spread of "
           "test loss |\n|---|---|---|")
     for matching, (value, loss) in spreads.items():
-        print(f"| {matching} | {value:.2f} | {loss:.4f} |")
+        print(f"| {matching} | {value:.{digits}f} | {loss:.4f} |")
 
 
 if __name__ == "__main__":
