@@ -167,7 +167,8 @@ def test_the_refinement_is_deterministic():
     ({"refine_lr": "0.1"}, "refine_lr"), ({"refine_alphas": "0.2,0.8"}, "refine_alphas"),
     ({"refine_alphas": [0.2, True]}, "refine_alphas"), ({"refine_gauge": "yes"}, "refine_gauge"),
     ({"refine_distill": 1.5}, "refine_distill"), ({"refine_distill": -0.1}, "refine_distill"),
-    ({"refine_distill": "0.5"}, "refine_distill")])
+    ({"refine_distill": "0.5"}, "refine_distill"), ({"refine_gains_lr": 0.0}, "refine_gains_lr"),
+    ({"refine_gains_lr": -1.0}, "refine_gains_lr"), ({"refine_gains_lr": "2"}, "refine_gains_lr")])
 def test_wrong_refine_settings_are_refused_with_one_line(settings, message):
     with pytest.raises(SymfusionError, match=message):
         MatchConfig(residual="auto", refine="loss", **settings)
@@ -181,7 +182,7 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
     preset = load_preset("matching", "full_symmetry")
     default = MatchConfig()
     for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_group", "refine_gauge",
-                 "refine_distill"):
+                 "refine_distill", "refine_gains_lr"):
         value = preset[name]
         assert (tuple(value) if name == "refine_alphas" and value is not None else value) == getattr(default, name), name
     learned = matching_config("full_symmetry_learned")
@@ -198,18 +199,22 @@ def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_win
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
     expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal", "refine_distill": 0.0,
-                **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
+                "refine_gains_lr": 1.0, **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
     learned = matching_config("full_symmetry_learned")
-    assert (learned.refine_lr, learned.refine_alphas, learned.refine_group, learned.refine_distill) == (None,) * 4
+    assert (learned.refine_lr, learned.refine_alphas, learned.refine_group, learned.refine_distill,
+            learned.refine_gains_lr) == (None,) * 5
     settings = learned.refine_settings(layout)
-    assert (settings.learning_rate, settings.alphas, settings.group, settings.distill) == \
-        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"])
-    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="general")
+    assert (settings.learning_rate, settings.alphas, settings.group, settings.distill, settings.gains_lr) == \
+        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"],
+         expected["refine_gains_lr"])
+    given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="general",
+                                refine_gains_lr=3.0)
     assert (given.refine_settings(layout).learning_rate, given.refine_settings(layout).alphas,
-            given.refine_settings(layout).group) == (0.2, (0.25, 0.75), "general")
+            given.refine_settings(layout).group, given.refine_settings(layout).gains_lr) == (0.2, (0.25, 0.75), "general", 3.0)
     refine = _refine(kind, family, overrides)[2].residual["refine"]
-    assert (refine["learning_rate"], refine["alphas"], refine["group"], refine["distill"]) == \
-        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"])
+    assert (refine["learning_rate"], refine["alphas"], refine["group"], refine["distill"], refine["gains_lr"]) == \
+        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"],
+         expected["refine_gains_lr"])
 
 
 def test_soft_cross_entropy_on_one_hot_targets_is_the_task_loss():
@@ -238,3 +243,25 @@ def test_the_refinement_with_distillation_lowers_its_objective_and_keeps_the_fun
     assert refine["distill"] == 0.5 and refine["kept"] == "refined"
     assert refine["midpoint_loss_after"] < refine["midpoint_loss_before"]
     assert relative_change(source, result.transform) < 1e-9
+
+
+def test_the_gains_learning_rate_scales_the_gains_step_alone():
+    """refine_gains_lr k: the unfolding gains learn at k times refine_lr. After one Adam step (its first step is
+    lr x g / (|g| + eps), the same direction whatever k) the log-gains have moved by k times one step, so over
+    k = 1, 2, 3 the logs form an arithmetic sequence; every other learned part takes the same step."""
+    anchor, source = build("enc", "vit", {}, seed=1), build("enc", "vit", {}, seed=2)
+    layout = layout_of(anchor.config, anchor.state_dict())
+    data = MatchData(build("enc", "vit", {}, seed=3), _data("enc", "vit", {}, anchor))
+    results = []
+    for k in (1.0, 2.0, 3.0):
+        config = MatchConfig(attention="rotation", rescale=True, ffn="permutation", heads=True, residual="auto",
+                             refine="loss", refine_steps=1, refine_schedule="constant", refine_gains_lr=k)
+        result = match_models(source.state_dict(), anchor.state_dict(), layout, config, data=data)
+        assert result.residual["refine"]["kept"] == "refined" and result.residual["refine"]["gains_lr"] == k
+        results.append(result.transform.residual)
+    assert all(torch.equal(r.r, results[0].r) for r in results)
+    for key in results[0].gains:
+        logs = [r.gains[key].double().abs().log() for r in results]
+        step = logs[1] - logs[0]
+        assert step.abs().max() > 1e-4                                  # the gains moved
+        assert torch.allclose(logs[2] - logs[1], step, atol=1e-9)

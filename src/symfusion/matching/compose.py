@@ -78,8 +78,8 @@ class MatchConfig:
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
     the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
-    (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_group and refine_distill
-    None = the family's (families.py, `refine`; else RefineSettings' defaults).
+    (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_group, refine_distill and
+    refine_gains_lr None = the family's (families.py, `refine`; else RefineSettings' defaults).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -99,6 +99,7 @@ class MatchConfig:
     refine_group: str | None = None
     refine_gauge: bool = True
     refine_distill: float | None = None
+    refine_gains_lr: float | None = None
 
     def __post_init__(self):
         _choice("attention", self.attention, ATTENTION_CHOICES)
@@ -126,6 +127,8 @@ class MatchConfig:
         _flag("refine_gauge", self.refine_gauge)
         if self.refine_distill is not None:
             _number("refine_distill", self.refine_distill)
+        if self.refine_gains_lr is not None:
+            _number("refine_gains_lr", self.refine_gains_lr)
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
         if self.joint and not (self.attention == "rotation" and self.rescale):
@@ -143,11 +146,11 @@ class MatchConfig:
                 "refine_alphas": None if self.refine_alphas is None else list(self.refine_alphas)}
 
     def refine_settings(self, layout: ModelLayout | None = None) -> RefineSettings:
-        """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas, refine_group and
-        refine_distill None: the layout's family's (families.py), else RefineSettings' defaults."""
+        """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas, refine_group,
+        refine_distill and refine_gains_lr None: the layout's family's (families.py), else RefineSettings' defaults."""
         family, given = dict(layout.refine if layout is not None else ()), {}
         for name, setting in (("refine_lr", "learning_rate"), ("refine_alphas", "alphas"), ("refine_group", "group"),
-                              ("refine_distill", "distill")):
+                              ("refine_distill", "distill"), ("refine_gains_lr", "gains_lr")):
             value = getattr(self, name) if getattr(self, name) is not None else family.get(name)
             if value is not None:
                 given[setting] = tuple(value) if setting == "alphas" else value

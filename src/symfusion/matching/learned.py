@@ -10,7 +10,8 @@ distillation weight w > 0 each step's loss is w times the cross-entropy of the p
 models' own, mixed as the point mixes them (alpha p_anchor + (1 - alpha) p_source), plus (1 - w) times the task loss:
 - the residual rotation as R0 expm(S - S^T) (LayerNorm: on the complement of the all-ones vector);
 - the gains t that unfold the moved source's folded pre-norms (the gauge, stream.py), as t0 exp(u): the
-  midpoint of two models stored with different gains is not the midpoint of their folded forms;
+  midpoint of two models stored with different gains is not the midpoint of their folded forms (u's learning rate
+  is `gains_lr` times the others');
 - each KV head's maps: group `orthogonal`, its V/O rotation and Q/K rotation (RoPE: one rotation per plane by a
   learned angle, any rotation of the non-rotary dims) times a learned element of the same group, and its
   scales a0 exp(s); group `general`, the full linear group of the head: an invertible M = expm(X) after the
@@ -52,6 +53,7 @@ class RefineSettings:
     group: str = "orthogonal"                    # orthogonal | general (the full linear group per head)
     gauge: bool = True                           # the path as stored, the unfolding gains learned
     distill: float = 0.0                         # the weight of the end models' predictions as targets (0: labels only)
+    gains_lr: float = 1.0                        # the unfolding gains' learning rate, a multiple of learning_rate
     seed: int = 0                                # the alphas' draws
 
     def __post_init__(self):
@@ -64,6 +66,8 @@ class RefineSettings:
             raise SymfusionError(f"matching.refine_alphas={list(self.alphas)} must satisfy 0 <= lo <= hi <= 1")
         if not 0 <= self.distill <= 1:
             raise SymfusionError(f"matching.refine_distill={self.distill} must satisfy 0 <= w <= 1")
+        if not self.gains_lr > 0:
+            raise SymfusionError(f"matching.refine_gains_lr={self.gains_lr} must be > 0")
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +247,9 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
         with torch.no_grad():
             path.ends = [path.params(r, blocks.layers, gains0, alpha) for alpha in (1.0, 0.0)]
     params = ([t for t in residual.tensors] if residual is not None else []) + \
-        [t for parts in layers.values() for p in parts.values() for t in p.tensors] + list(log_gains.values())
+        [t for parts in layers.values() for p in parts.values() for t in p.tensors]
+    groups = [{"params": params + list(log_gains.values())}] if settings.gains_lr == 1 or not log_gains else \
+        [{"params": params}, {"params": list(log_gains.values()), "lr": settings.learning_rate * settings.gains_lr}]
 
     def state():
         cur_r, cur_layers = _current(r, residual, blocks, layers)
@@ -260,7 +266,7 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     lo, hi = settings.alphas
     alphas = lo + (hi - lo) * torch.rand(settings.steps, generator=torch.Generator().manual_seed(settings.seed),
                                          dtype=torch.float64)
-    optimiser = torch.optim.Adam(params, lr=settings.learning_rate)
+    optimiser = torch.optim.Adam(groups, lr=settings.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda k: 1.0 if settings.schedule == "constant" else
                                                  0.5 * (1 + math.cos(math.pi * k / settings.steps)))
     with torch.enable_grad():
@@ -273,6 +279,7 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     after = midpoint_loss()
     info = {"steps": settings.steps, "learning_rate": settings.learning_rate, "schedule": settings.schedule,
             "alphas": list(settings.alphas), "group": settings.group, "gauge": settings.gauge, "distill": settings.distill,
+            "gains_lr": settings.gains_lr,
             "batches": len(batches), "midpoint_loss_before": before, "midpoint_loss_after": after,
             "learned": ["residual"] * (residual is not None) + ["gains"] * bool(log_gains) +
             sorted({n for parts in layers.values() for n in parts})}
