@@ -168,8 +168,9 @@ _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
 # and the unfolding gains learned at 3x the rate (the lowest mean validation barrier over the mini's 3 pairs, x1-x4)
 VIT_REFINE = (("refine_distill", 0.7), ("refine_gains_lr", 3.0))
 # The learned refinement's defaults for causal LMs: measured on the mini's Llama pairs (docs/matching.md), taken for
-# every decoder family (not measured on the others). The general group lowers their barrier further but its
-# ill-conditioned maps moved tiny random decoders' float32 outputs by up to 3e-4: orthogonal stays the default.
+# every decoder family (not measured on the others); their gains at lr x1 (x2, x3 no better). The general group
+# lowers their barrier further but its ill-conditioned maps moved tiny random decoders' float32 outputs by up to
+# 3e-4: orthogonal stays the default.
 DECODER_REFINE = (("refine_lr", 1e-1), ("refine_alphas", (0.1, 0.9)))
 _DECODER_PRENORM = {"input_layernorm": ("query", "key", "value"), "post_attention_layernorm": ("ffn_gate", "ffn_in")}
 _DECODER_FINAL = ("norm", ("lm_head.weight", "score.weight"))
