@@ -168,7 +168,9 @@ def test_the_refinement_is_deterministic():
     ({"refine_alphas": [0.2, True]}, "refine_alphas"), ({"refine_gauge": "yes"}, "refine_gauge"),
     ({"refine_distill": 1.5}, "refine_distill"), ({"refine_distill": -0.1}, "refine_distill"),
     ({"refine_distill": "0.5"}, "refine_distill"), ({"refine_gains_lr": 0.0}, "refine_gains_lr"),
-    ({"refine_gains_lr": -1.0}, "refine_gains_lr"), ({"refine_gains_lr": "2"}, "refine_gains_lr")])
+    ({"refine_gains_lr": -1.0}, "refine_gains_lr"), ({"refine_gains_lr": "2"}, "refine_gains_lr"),
+    ({"refine_lr": float("inf")}, "refine_lr"), ({"refine_gains_lr": float("inf")}, "refine_gains_lr"),
+    ({"refine_gains_lr": float("nan")}, "refine_gains_lr"), ({"refine_alphas": (0.2, float("nan"))}, "refine_alphas")])
 def test_wrong_refine_settings_are_refused_with_one_line(settings, message):
     with pytest.raises(SymfusionError, match=message):
         MatchConfig(residual="auto", refine="loss", **settings)

@@ -59,7 +59,8 @@ def test_symfusion_match_reads_its_data_split_and_the_refine_overrides(vits, tmp
 
 @pytest.mark.parametrize("extra,message", [
     (["data_split=test"], "data_split"), (["matching.refine_group=affine"], "refine_group"),
-    (["matching.refine_alphas=[0.8,0.2]"], "refine_alphas")])
+    (["matching.refine_alphas=[0.8,0.2]"], "refine_alphas"), (["matching.refine_lr=inf"], "refine_lr"),
+    (["matching.refine_gains_lr=nan"], "refine_gains_lr"), (["matching.refine_gains_lr=0"], "refine_gains_lr")])
 def test_symfusion_match_refuses_test_data_and_wrong_refine_settings_with_one_line(vits, tmp_path, capsys, extra,
                                                                                   message):
     code, err = match(vits, tmp_path / "m", extra, capsys)

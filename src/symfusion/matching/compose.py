@@ -11,6 +11,7 @@ per-head q/k norms make it inexact.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,8 +57,8 @@ def _choice(key: str, value, choices: tuple) -> None:
 
 
 def _number(key: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SymfusionError(f"matching.{key}={value!r} must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SymfusionError(f"matching.{key}={value!r} must be a finite number")
 
 
 def _flag(key: str, value, optional: bool = False) -> None:
