@@ -22,8 +22,7 @@ import time
 import torch
 import transformers as tf
 
-from symfusion.arch import layout_of
-from symfusion.errors import SymfusionError
+from symfusion.arch import check_same_layout, layout_of
 from symfusion.io.modelio import load_model
 from symfusion.matching import MatchData, match_models
 from symfusion.matching.residual import residual_cross, solve_residual
@@ -99,12 +98,12 @@ def make_pair(name: str, noise: float, seed: int = 0):
 
 def folder_pair(anchor_dir: str, source_dir: str):
     """(source, anchor, layout, tied) of two trained models of one architecture, read from their folders."""
-    model = load_model(source_dir)
+    model, anchor_model = load_model(source_dir), load_model(anchor_dir)
     source = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    anchor = {k: v.detach().clone() for k, v in load_model(anchor_dir).state_dict().items()}
-    if source.keys() != anchor.keys() or any(source[k].shape != anchor[k].shape for k in source):
-        raise SymfusionError(f"{source_dir} and {anchor_dir} are not two models of one architecture")
-    return source, anchor, layout_of(model.config, anchor), bool(getattr(model.config, "tie_word_embeddings", False))
+    anchor = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
+    layout = layout_of(model.config, source)
+    check_same_layout(layout, layout_of(anchor_model.config, anchor))      # the library's own check, one error line
+    return source, anchor, layout, bool(getattr(model.config, "tie_word_embeddings", False))
 
 
 def synthetic_data(name: str) -> MatchData | None:

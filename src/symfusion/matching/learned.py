@@ -248,8 +248,8 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
             path.ends = [path.params(r, blocks.layers, gains0, alpha) for alpha in (1.0, 0.0)]
     params = ([t for t in residual.tensors] if residual is not None else []) + \
         [t for parts in layers.values() for p in parts.values() for t in p.tensors]
-    groups = [{"params": params + list(log_gains.values())}] if settings.gains_lr == 1 or not log_gains else \
-        [{"params": params}, {"params": list(log_gains.values()), "lr": settings.learning_rate * settings.gains_lr}]
+    groups = [{"params": params}] + \
+        ([{"params": list(log_gains.values()), "lr": settings.learning_rate * settings.gains_lr}] if log_gains else [])
 
     def state():
         cur_r, cur_layers = _current(r, residual, blocks, layers)
