@@ -92,6 +92,8 @@ def bert_cases(root: Path):
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "layers=[a]"], "layers="),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching.rescale=maybe"], "matching.rescale"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "max_relative_output_change=nan"], "finite"),
+        ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching=full_symmetry", "matching.refine_gains_lr=inf"],
+         "matching.refine_gains_lr=inf must be a finite number"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "probe.batch_size=0"], "probe.batch_size"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "foo=1"], "not an option of symfusion-match"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "+foo=1"], "not an option of symfusion-match"),
