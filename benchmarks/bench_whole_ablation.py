@@ -10,6 +10,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry            the default (matching/whole.py)
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
                              (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
+    full_symmetry_learned:refine_gains_lr=1,refine_distill=0
+                             the same with matching settings overridden (numbers)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -219,10 +221,12 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, source_di
         return source, {}
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
-    if variant == "full_symmetry_learned":               # the data symfusion-match reads: its defaults
+    if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
         batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
         data = MatchData(load_model(source_dir).float(), batches)
-        result = match_models(source, anchor, layout, variant, data=data, tied=tied)
+        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
+        config = dataclasses.replace(matching_config("full_symmetry_learned"), **{k: float(v) for k, v in settings.items()})
+        result = match_models(source, anchor, layout, config, data=data, tied=tied)
         return apply_transform(source, layout, result.transform), result.residual
     config, patches = FULL, []
     if variant == "fan_in":
