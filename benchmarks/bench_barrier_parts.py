@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
+import symfusion
 from symfusion.arch import layout_of
 from symfusion.io.modelio import load_model
-from symfusion.matching import MatchData, match_models, matching_config
+from symfusion.matching import matching_config
 from symfusion.matching.pairs import layer_prefix
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.tasks import make_task
 from symfusion.presets import match_option
-from symfusion.symmetry import apply_transform
 
 TRACKS = {"vit": ("fashion_mnist", 2000), "llama": ("lm_english", None)}
 
@@ -66,18 +66,13 @@ def main() -> None:
     found: dict[str, list[tuple[float, float]]] = {}
     for pair in args.pairs:
         src_name, anc_name = pair.split(":")
-        model = load_model(str(args.models / anc_name))
-        source = {k: v.detach().clone() for k, v in load_model(str(args.models / src_name)).state_dict().items()}
+        model, source_model = load_model(str(args.models / anc_name)), load_model(str(args.models / src_name))
         anchor = {k: v.detach().clone() for k, v in model.state_dict().items()}
         layout = layout_of(model.config, anchor)
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        data = None
-        if matching_config(args.matching).needs_data:      # the batches symfusion-match reads by default
-            source_dir = str(args.models / src_name)
-            data = MatchData(load_model(source_dir).float(),
-                             task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split")))
-        result = match_models(source, anchor, layout, args.matching, data=data, tied=tied)
-        moved = apply_transform(source, layout, result.transform)
+        data = task.statistic_batches(match_option("data_batches"), str(args.models / src_name),
+                                      match_option("data_split")) if matching_config(args.matching).needs_data else None
+        matched, _ = symfusion.align(source_model, model, matching=args.matching, data=data)    # the one matching path
+        moved = matched.state_dict()
         canon_a, canon_m = dict(layout.canonical(anchor)), dict(layout.canonical(moved))
         floating = [k for k, v in canon_a.items() if v.is_floating_point()]
 

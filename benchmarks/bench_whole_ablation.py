@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import symfusion
 import symfusion.matching.compose as compose
 import symfusion.matching.descent as descent
 import symfusion.matching.pairs as pairs_module
@@ -59,7 +60,7 @@ from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES
 from symfusion.fusion.ot_wts import unit_rows
 from symfusion.interpolation import loss_path
-from symfusion.matching import MatchData, match_models, matching_config
+from symfusion.matching import match_models, matching_config
 from symfusion.matching.heads import match_heads, pair_crosses
 from symfusion.matching.permutation import max_assignment
 from symfusion.matching.residual import gauge_gains
@@ -215,19 +216,19 @@ def unseen_tokens(task, model_dir: str) -> torch.Tensor:
     return counts == 0
 
 
-def match(variant: str, source, anchor, layout, tied, task, model_dir, source_dir):
-    """The matched source's state for one variant (and the match's residual info)."""
+def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
+    """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
+    (source, anchor), which the learned variants align through the one matching path."""
     if variant == "none":
         return source, {}
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
     if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
         batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
-        data = MatchData(load_model(source_dir).float(), batches)
         settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
         config = dataclasses.replace(matching_config("full_symmetry_learned"), **{k: float(v) for k, v in settings.items()})
-        result = match_models(source, anchor, layout, config, data=data, tied=tied)
-        return apply_transform(source, layout, result.transform), result.residual
+        matched, report = symfusion.align(*modules, matching=config, data=batches)
+        return matched.state_dict(), report["residual"]
     config, patches = FULL, []
     if variant == "fan_in":
         patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
@@ -275,15 +276,15 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path) -> dict:
         return json.loads(path.read_text())
     task_name, examples = TRACKS[track]
     src_name, anc_name = pair.split(":")
-    model = load_model(str(models / src_name))
+    model, anchor_model = load_model(str(models / src_name)), load_model(str(models / anc_name))
     source = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    anchor = {k: v.detach().clone() for k, v in load_model(str(models / anc_name)).state_dict().items()}
+    anchor = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
     layout = layout_of(model.config, anchor)
     task = make_task(task_name, load_group("profile", "mini"))
     model_dir = str(models / anc_name)
     start = time.perf_counter()
     moved, info = match(variant, source, anchor, layout, bool(getattr(model.config, "tie_word_embeddings", False)),
-                        task, model_dir, str(models / src_name))
+                        task, model_dir, (model, anchor_model), str(models / src_name))
     seconds = time.perf_counter() - start
     model.load_state_dict({k: 0.5 * (v + moved[k]) if v.is_floating_point() else v for k, v in anchor.items()})
     merged = task.evaluate(model.eval(), "test", model_dir=model_dir)

@@ -1,24 +1,12 @@
 """benchmarks/bench_barrier_parts.py's parts: every floating tensor of a model in exactly one part, a layer's parts
 holding that layer's tensors only, for every encoder and decoder layout (GPT-2's fused maps as canonical views)."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from symfusion.arch import layout_of
 from symfusion.matching.pairs import layer_prefix
+from benchmark_scripts import load_benchmark
 from tiny_decoders import DECODER_IDS, DECODERS, tiny_decoder
 from tiny_models import VARIANT_IDS, VARIANTS, tiny_model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def bench_barrier_parts():
-    spec = importlib.util.spec_from_file_location("bench_barrier_parts", ROOT / "benchmarks" / "bench_barrier_parts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 MODELS = [("encoder", f, o) for f, o in VARIANTS] + [("decoder", f, o) for f, o in DECODERS]
 
@@ -30,7 +18,7 @@ def test_parts_place_every_tensor_once_and_a_layer_s_parts_hold_its_own(kind, fa
     layout = layout_of(model.config, state)
     canonical = layout.canonical(state)
     floating = [k for k, v in canonical.items() if v.is_floating_point()]
-    parts = bench_barrier_parts().parts(layout, floating)
+    parts = load_benchmark("bench_barrier_parts").parts(layout, floating)
     placed = [k for keys in parts.values() for k in keys]
     assert sorted(placed) == sorted(floating)                      # each exactly once
     for i in range(layout.num_layers):
@@ -38,4 +26,3 @@ def test_parts_place_every_tensor_once_and_a_layer_s_parts_hold_its_own(kind, fa
         assert mine and all(k.startswith(layer_prefix(layout, i)) for k in mine)
     outside = [k for name, keys in parts.items() if not name.startswith("layer ") for k in keys]
     assert not any(k.startswith(layer_prefix(layout, i)) for k in outside for i in range(layout.num_layers))
-

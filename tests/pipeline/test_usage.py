@@ -1,18 +1,14 @@
 """Every pipeline job's exact CPU seconds: the commands' usage line, and bench_pipeline reading it."""
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_scripts import load_benchmark
 
 
 def bench_pipeline():
-    spec = importlib.util.spec_from_file_location("bench_pipeline", ROOT / "benchmarks" / "bench_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_pipeline")
 
 
 def run_report_help(env_extra: dict) -> subprocess.CompletedProcess:
