@@ -27,6 +27,11 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     mask_unseen              decoders: embedding rows of tokens absent from the train split left out (needs data)
     first_attention_2        the first layer's attention maps (Q/K/V/O, biases) times 2 in both models: x4 in the
                              objective (the first layer's attention carries most of the barrier: bench_barrier_parts.py)
+    first_input_weights      the first layer's Q/K/V maps seen through their input: each model's readers times
+                             S = Sigma^(1/2), Sigma the covariance of that model's normalised layer-0 input (positions,
+                             class token, patch projection of unit-variance pixels: the weights only, data-free)
+    first_input_acts         the same with Sigma measured on the matching's batches (its first 20; an oracle)
+    learned_on:VARIANT       full_symmetry_learned's refinement from VARIANT's descent (a data-free variant above)
     anchor_gains             the source unfolded with the anchor's norm gains (where nonzero) instead of the gains
                              closest to the anchor as stored: the merge's folded form is then the average of the
                              two folded forms (the path in the folded gauge)
@@ -203,6 +208,59 @@ def first_attention_pair(factor: float):
     return init
 
 
+EMBEDDINGS = ("vit.embeddings.patch_embeddings.projection.weight", "vit.embeddings.patch_embeddings.projection.bias",
+              "vit.embeddings.position_embeddings", "vit.embeddings.cls_token")
+
+
+def input_covariance_from_weights(state) -> torch.Tensor:
+    """The covariance of the first layer's normalised input x_hat = centred x / its rms (d x d, trace d) from the
+    embeddings alone: x_t = P patch_t + b + pos_t with unit-variance, zero-mean pixels; x_0 = cls + pos_0."""
+    p, b, pos, cls = (state[k].double() for k in EMBEDDINGS)
+    p = p.reshape(p.shape[0], -1)                                              # (d, channels * patch^2)
+    means = torch.cat([cls.reshape(1, -1) + pos[0, :1], b[None] + pos[0, 1:]])  # (tokens, d)
+    second = means.T @ means / len(means) + p @ p.T * (len(means) - 1) / len(means)
+    return normalised(second)
+
+
+def normalised(second: torch.Tensor) -> torch.Tensor:
+    """A second moment centred over the hidden axis and scaled to trace d (LayerNorm without its gain)."""
+    d = second.shape[0]
+    c = torch.eye(d, dtype=torch.float64) - 1.0 / d
+    sigma = c @ second @ c
+    return sigma * d / sigma.trace()
+
+
+@torch.no_grad()
+def input_covariance_from_data(model, batches) -> torch.Tensor:
+    """The first layer's normalised input covariance measured on `batches` (mean of x_hat x_hat^T over tokens)."""
+    total, count = 0, 0
+    for batch in batches:
+        x = model.vit.embeddings(batch["pixel_values"]).double().flatten(0, 1)     # (images * tokens, d)
+        x = x - x.mean(1, keepdim=True)
+        x = x / x.pow(2).mean(1, keepdim=True).sqrt()
+        total, count = total + x.T @ x, count + len(x)
+    return normalised(total / count)
+
+
+def first_input_pair(sigmas: tuple[torch.Tensor, torch.Tensor] | None):
+    """StatePair with the first layer's Q/K/V maps times S = Sigma^(1/2) of their own model's input, in both models
+    (sigmas: (source's, anchor's); None: from each model's embeddings). Only the objective changes: the transform
+    found is applied to the models as they are."""
+    original = pairs_module.StatePair.__init__
+
+    def init(self, fs, fa, layout, stream):
+        att = layout.layers[0].attention
+        keys = [p.weight for p in att.query_like + att.key_like + (att.value,)]
+        weighed = []
+        for state, sigma in zip((fs, fa), sigmas or (None, None)):
+            sigma = input_covariance_from_weights(state) if sigma is None else sigma
+            values, vectors = torch.linalg.eigh(sigma)
+            root = vectors @ torch.diag(values.clamp(min=0).sqrt()) @ vectors.T
+            weighed.append({k: (v.double() @ root).to(v.dtype) if k in keys else v for k, v in state.items()})
+        original(self, *weighed, layout, stream)
+    return init
+
+
 def anchor_gauge(moved, anchor, folds):
     """residual.gauge_gains with the anchor's own gains wherever they are nonzero: a norm whose gain and readers both
     average then has the average of the two folded maps as its merge."""
@@ -216,19 +274,8 @@ def unseen_tokens(task, model_dir: str) -> torch.Tensor:
     return counts == 0
 
 
-def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
-    """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
-    (source, anchor), which the learned variants align through the one matching path."""
-    if variant == "none":
-        return source, {}
-    if variant == "rotation":
-        return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
-    if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
-        batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
-        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-        config = dataclasses.replace(matching_config("full_symmetry_learned"), **{k: float(v) for k, v in settings.items()})
-        matched, report = symfusion.align(*modules, matching=config, data=batches)
-        return matched.state_dict(), report["residual"]
+def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) -> tuple:
+    """(data-free matching config, patches) of a variant of the data-free descent."""
     config, patches = FULL, []
     if variant == "fan_in":
         patches = [(pairs_module.StatePair, "__init__", fan_in_pair(layout))]
@@ -259,13 +306,43 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         patches = [(pairs_module.StatePair, "__init__", embedding_rows(scale))]
     elif variant.startswith("first_attention_"):
         patches = [(pairs_module.StatePair, "__init__", first_attention_pair(float(variant[16:])))]
+    elif variant == "first_input_weights":
+        patches = [(pairs_module.StatePair, "__init__", first_input_pair(None))]
+    elif variant == "first_input_acts":
+        batches = task.statistic_batches(20, source_dir, match_option("data_split"))
+        sigmas = tuple(input_covariance_from_data(m.eval(), batches) for m in modules)
+        patches = [(pairs_module.StatePair, "__init__", first_input_pair(sigmas))]
     elif variant == "anchor_gains":
         patches = [(whole, "gauge_gains", anchor_gauge)]
     elif variant != "full_symmetry":
         raise SystemExit(f"unknown variant {variant}")
+    return config, patches
+
+
+def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
+    """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
+    (source, anchor), which the learned variants align through the one matching path."""
+    if variant == "none":
+        return source, {}
+    if variant == "rotation":
+        return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
+    if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
+        batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
+        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
+        config = dataclasses.replace(matching_config("full_symmetry_learned"), **{k: float(v) for k, v in settings.items()})
+        matched, report = symfusion.align(*modules, matching=config, data=batches)
+        return matched.state_dict(), report["residual"]
+    learned_on = variant.startswith("learned_on:")
+    config, patches = descent_variant(variant.split(":", 1)[1] if learned_on else variant, layout, task, model_dir,
+                                      modules, source_dir)
     with contextlib.ExitStack() as stack:
         for module, name, value in patches:
             stack.enter_context(replaced(module, name, value))
+        if learned_on:                                   # the learned refinement from this variant's descent
+            batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
+            learned = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale)
+            matched, report = symfusion.align(*modules, matching=learned, data=batches)
+            return matched.state_dict(), report["residual"]
         result = match_models(source, anchor, layout, config, tied=tied)
     return apply_transform(source, layout, result.transform), result.residual
 

@@ -1,0 +1,58 @@
+"""benchmarks/bench_whole_ablation.py's input-aware variant of the first layer: its covariance is LayerNorm's input
+seen without the gain (trace d, centred), and weighing each model's first-layer readers by its own input keeps a
+planted whole-group element the optimum (the weighting moves with the stream), while the identity weighting leaves
+the match unchanged (one weighting shared by both models would not: the planted map then leaves 11 of 6,046 in
+distance)."""
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+import symfusion.matching.pairs as pairs_module
+from symfusion.measures import distance
+from symfusion.matching import match_models
+from symfusion.symmetry import apply_transform
+from benchmark_scripts import load_benchmark
+from test_residual_matching import FULL, planted
+from tiny_models import tiny_model
+
+ABLATION = load_benchmark("bench_whole_ablation")
+
+
+def pixels(model, seed=0, images=5):
+    gen = torch.Generator().manual_seed(seed)
+    c, s = model.config.num_channels, model.config.image_size
+    return [{"pixel_values": torch.randn(images, c, s, s, generator=gen, dtype=torch.float64)} for _ in range(2)]
+
+
+def test_the_measured_covariance_is_layer_norm_s_input_and_the_weights_estimate_is_centred():
+    model = tiny_model("vit", dtype=torch.float64)
+    batches = pixels(model)
+    d = model.config.hidden_size
+    measured = ABLATION.input_covariance_from_data(model, batches)
+    with torch.no_grad():
+        tokens = torch.cat([F.layer_norm(model(**b, output_hidden_states=True).hidden_states[0], (d,), eps=0.0)
+                            .flatten(0, 1) for b in batches])                 # (images * tokens, d)
+    assert torch.allclose(measured, tokens.T @ tokens * d / tokens.pow(2).sum(), atol=1e-10)
+    for sigma in (measured, ABLATION.input_covariance_from_weights(model.state_dict())):
+        assert torch.allclose(sigma, sigma.T) and torch.linalg.eigvalsh(sigma).min() > -1e-10
+        assert abs(float(sigma.trace()) - d) < 1e-9
+        assert float((sigma @ torch.ones(d, dtype=torch.float64)).abs().max()) < 1e-10
+
+
+def weighted_match(source, anchor, layout, sigmas):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(ABLATION.replaced(pairs_module.StatePair, "__init__", ABLATION.first_input_pair(sigmas)))
+        return match_models(source, anchor, layout, FULL)
+
+
+def test_weighing_the_first_layer_by_its_input_keeps_a_planted_optimum_and_the_identity_changes_nothing():
+    model = tiny_model("vit", seed=3)
+    anchor, source, layout = planted(model, "orthogonal")
+    before = distance(source, anchor)["total"]
+    found = weighted_match(source, anchor, layout, None)                # each model's own input, from its weights
+    assert before > 1.0 and distance(apply_transform(source, layout, found.transform), anchor)["total"] < 1e-6 * before
+    eye = torch.eye(model.config.hidden_size, dtype=torch.float64)
+    same, plain = weighted_match(source, anchor, layout, (eye, eye)), match_models(source, anchor, layout, FULL)
+    assert same.residual["folded_distance"] == plain.residual["folded_distance"]
+    assert torch.equal(same.transform.residual.r, plain.transform.residual.r)
