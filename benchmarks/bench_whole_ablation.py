@@ -11,7 +11,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
                              (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
     full_symmetry_learned:refine_gains_lr=1,refine_distill=0
-                             the same with matching settings overridden (numbers)
+                             the same with matching settings overridden (numbers); batches=N reads N batches,
+                             join=K concatenates each K of them into one step's batch
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -327,9 +328,14 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
     if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
-        batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
         settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-        config = dataclasses.replace(matching_config("full_symmetry_learned"), **{k: float(v) for k, v in settings.items()})
+        number = {k: int(v) if v.isdigit() else float(v) for k, v in settings.items()}
+        joined = number.pop("join", 1)                                # batches concatenated into one step's
+        batches = task.statistic_batches(number.pop("batches", match_option("data_batches")) * joined, source_dir,
+                                         match_option("data_split"))
+        batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
+                   for i in range(0, len(batches), joined)]
+        config = dataclasses.replace(matching_config("full_symmetry_learned"), **number)
         matched, report = symfusion.align(*modules, matching=config, data=batches)
         return matched.state_dict(), report["residual"]
     learned_on = variant.startswith("learned_on:")
