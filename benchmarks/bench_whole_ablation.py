@@ -11,8 +11,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
                              (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
     full_symmetry_learned:refine_gains_lr=1,refine_distill=0
-                             the same with matching settings overridden (numbers); batches=N reads N batches,
-                             join=K concatenates each K of them into one step's batch
+                             the same with matching settings overridden (numbers, words); batches=N reads N batches,
+                             join=K concatenates each K of them into one step's batch; average=F averages the
+                             refinement's coordinates over its last F of steps (SWA)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -56,6 +57,7 @@ import torch
 import symfusion
 import symfusion.matching.compose as compose
 import symfusion.matching.descent as descent
+import symfusion.matching.learned as learned_module
 import symfusion.matching.pairs as pairs_module
 import symfusion.matching.starts as starts_module
 import symfusion.matching.whole as whole
@@ -262,6 +264,29 @@ def first_input_pair(sigmas: tuple[torch.Tensor, torch.Tensor] | None):
     return init
 
 
+def averaging_adam(steps: int, fraction: float):
+    """torch.optim.Adam that, over the last `fraction` of `steps` steps, averages its parameters and leaves the
+    average in them after the last step (stochastic weight averaging of the refinement's coordinates: every
+    coordinate maps to an exact symmetry, so the average is one too)."""
+    first = steps - max(1, round(fraction * steps))
+
+    class Averaging(torch.optim.Adam):
+        def step(self, closure=None):
+            out = super().step(closure)
+            self.count = getattr(self, "count", 0) + 1
+            params = [p for group in self.param_groups for p in group["params"]]
+            if self.count > first:
+                n = self.count - first
+                self.sums = [p.detach().clone() for p in params] if n == 1 else \
+                    [s + p.detach() for s, p in zip(self.sums, params)]
+                if self.count == steps:
+                    with torch.no_grad():
+                        for p, total in zip(params, self.sums):
+                            p.copy_(total / n)
+            return out
+    return Averaging
+
+
 def anchor_gauge(moved, anchor, folds):
     """residual.gauge_gains with the anchor's own gains wherever they are nonzero: a norm whose gain and readers both
     average then has the average of the two folded maps as its merge."""
@@ -329,14 +354,17 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
     if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
         settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-        number = {k: int(v) if v.isdigit() else float(v) for k, v in settings.items()}
+        number = {k: int(v) if v.isdigit() else v if v.isalpha() else float(v) for k, v in settings.items()}
         joined = number.pop("join", 1)                                # batches concatenated into one step's
+        averaged = number.pop("average", 0.0)                         # the last fraction of steps averaged
         batches = task.statistic_batches(number.pop("batches", match_option("data_batches")) * joined, source_dir,
                                          match_option("data_split"))
         batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
                    for i in range(0, len(batches), joined)]
         config = dataclasses.replace(matching_config("full_symmetry_learned"), **number)
-        matched, report = symfusion.align(*modules, matching=config, data=batches)
+        with replaced(learned_module.torch.optim, "Adam", averaging_adam(config.refine_steps, averaged)) \
+                if averaged else contextlib.nullcontext():
+            matched, report = symfusion.align(*modules, matching=config, data=batches)
         return matched.state_dict(), report["residual"]
     learned_on = variant.startswith("learned_on:")
     config, patches = descent_variant(variant.split(":", 1)[1] if learned_on else variant, layout, task, model_dir,
