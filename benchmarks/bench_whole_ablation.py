@@ -240,7 +240,7 @@ def input_covariance_from_data(model, batches) -> torch.Tensor:
     for batch in batches:
         x = model.vit.embeddings(batch["pixel_values"]).double().flatten(0, 1)     # (images * tokens, d)
         x = x - x.mean(1, keepdim=True)
-        x = x / x.pow(2).mean(1, keepdim=True).sqrt()
+        x = x / x.pow(2).mean(1, keepdim=True).sqrt()                              # LayerNorm without its gain
         total, count = total + x.T @ x, count + len(x)
     return normalised(total / count)
 
@@ -345,40 +345,48 @@ def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) 
     return config, patches
 
 
+def learned_variant(variant: str) -> tuple[str, dict] | None:
+    """(the descent's variant, the refinement's settings) of a learned variant, None for a data-free one:
+    full_symmetry_learned[:KEY=VALUE,...] refines full_symmetry's descent, learned_on:VARIANT refines VARIANT's."""
+    if variant.startswith("learned_on:"):
+        return variant.split(":", 1)[1], {}
+    if variant.split(":")[0] != "full_symmetry_learned":
+        return None
+    settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
+    return "full_symmetry", {k: int(v) if v.isdigit() else v if v.isalpha() else float(v) for k, v in settings.items()}
+
+
 def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
     """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
-    (source, anchor), which the learned variants align through the one matching path."""
+    (source, anchor), which the learned variants align through the one matching path on the batches
+    symfusion-match reads by default (presets/match.yaml)."""
     if variant == "none":
         return source, {}
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
-    if variant.split(":")[0] == "full_symmetry_learned":          # the data symfusion-match reads: its defaults
-        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-        number = {k: int(v) if v.isdigit() else v if v.isalpha() else float(v) for k, v in settings.items()}
-        joined = number.pop("join", 1)                                # batches concatenated into one step's
-        averaged = number.pop("average", 0.0)                         # the last fraction of steps averaged
-        batches = task.statistic_batches(number.pop("batches", match_option("data_batches")) * joined, source_dir,
-                                         match_option("data_split"))
-        batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
-                   for i in range(0, len(batches), joined)]
-        config = dataclasses.replace(matching_config("full_symmetry_learned"), **number)
-        with replaced(learned_module.torch.optim, "Adam", averaging_adam(config.refine_steps, averaged)) \
-                if averaged else contextlib.nullcontext():
-            matched, report = symfusion.align(*modules, matching=config, data=batches)
-        return matched.state_dict(), report["residual"]
-    learned_on = variant.startswith("learned_on:")
-    config, patches = descent_variant(variant.split(":", 1)[1] if learned_on else variant, layout, task, model_dir,
-                                      modules, source_dir)
+    learned = learned_variant(variant)
+    config, patches = descent_variant(variant if learned is None else learned[0], layout, task, model_dir, modules,
+                                      source_dir)
     with contextlib.ExitStack() as stack:
         for module, name, value in patches:
             stack.enter_context(replaced(module, name, value))
-        if learned_on:                                   # the learned refinement from this variant's descent
-            batches = task.statistic_batches(match_option("data_batches"), source_dir, match_option("data_split"))
-            learned = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale)
-            matched, report = symfusion.align(*modules, matching=learned, data=batches)
-            return matched.state_dict(), report["residual"]
-        result = match_models(source, anchor, layout, config, tied=tied)
-    return apply_transform(source, layout, result.transform), result.residual
+        if learned is None:
+            result = match_models(source, anchor, layout, config, tied=tied)
+            return apply_transform(source, layout, result.transform), result.residual
+        settings = dict(learned[1])
+        joined = settings.pop("join", 1)                              # batches concatenated into one step's
+        averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
+        batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
+                                         match_option("data_split"))
+        if joined > 1:
+            batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
+                       for i in range(0, len(batches), joined)]
+        refined = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale, **settings)
+        if averaged:
+            stack.enter_context(replaced(learned_module.torch.optim, "Adam",
+                                         averaging_adam(refined.refine_steps, averaged)))
+        matched, report = symfusion.align(*modules, matching=refined, data=batches)
+        return matched.state_dict(), report["residual"]
 
 
 def run(track: str, models: Path, pair: str, variant: str, out: Path) -> dict:

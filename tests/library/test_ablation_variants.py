@@ -3,8 +3,6 @@ seen without the gain (trace d, centred), and weighing each model's first-layer 
 planted whole-group element the optimum (the weighting moves with the stream), while the identity weighting leaves
 the match unchanged (one weighting shared by both models would not: the planted map then leaves 11 of 6,046 in
 distance)."""
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
@@ -41,8 +39,7 @@ def test_the_measured_covariance_is_layer_norm_s_input_and_the_weights_estimate_
 
 
 def weighted_match(source, anchor, layout, sigmas):
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(ABLATION.replaced(pairs_module.StatePair, "__init__", ABLATION.first_input_pair(sigmas)))
+    with ABLATION.replaced(pairs_module.StatePair, "__init__", ABLATION.first_input_pair(sigmas)):
         return match_models(source, anchor, layout, FULL)
 
 

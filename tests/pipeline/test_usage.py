@@ -7,8 +7,7 @@ from pathlib import Path
 from benchmark_scripts import load_benchmark
 
 
-def bench_pipeline():
-    return load_benchmark("bench_pipeline")
+BENCH = load_benchmark("bench_pipeline")
 
 
 def run_report_help(env_extra: dict) -> subprocess.CompletedProcess:
@@ -24,7 +23,7 @@ def test_a_command_ends_with_its_usage_line_only_when_asked():
     loud = run_report_help({"SYMFUSION_USAGE": "1"})
     assert loud.returncode == 0
     line = loud.stderr.strip().splitlines()[-1]
-    assert bench_pipeline().USAGE.match(line), line
+    assert BENCH.USAGE.match(line), line
     assert line.startswith("usage: symfusion-report user ")
 
 
@@ -38,47 +37,45 @@ def test_bench_pipeline_takes_a_jobs_cpu_from_its_log_and_falls_back_to_the_samp
         log = run / "logs" / "vision" / "task" / "merge" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("some output\n" + (usage + "\n" if usage else ""))
-    rows = {Path(r["job"]).stem: r for r in bench_pipeline().benchmark_rows(run)}
+    rows = {Path(r["job"]).stem: r for r in BENCH.benchmark_rows(run)}
     assert rows["a"]["cpu_exact"] and abs(rows["a"]["cpu"] - 42.75) < 1e-9 and rows["a"]["system"] == 2.25
     assert not rows["b"]["cpu_exact"] and rows["b"]["cpu"] == 30.0
     assert {r["rule"] for r in rows.values()} == {"merge"}
 
 
 def test_the_calibration_says_how_busy_the_machine_was(tmp_path):
-    bench = bench_pipeline()
     stat = tmp_path / "stat"
-    ticks = bench.os.sysconf("SC_CLK_TCK")
+    ticks = BENCH.os.sysconf("SC_CLK_TCK")
     stat.write_text(f"cpu  {3 * ticks} 0 {ticks} 500 7 0 0 0 0 0\ncpu0 1 2 3\n")
-    assert bench.busy_cpu_seconds(stat) == 4.0                 # user + system; idle and iowait left out
-    assert bench.busy_cpu_seconds(tmp_path / "missing") is None
+    assert BENCH.busy_cpu_seconds(stat) == 4.0                 # user + system; idle and iowait left out
+    assert BENCH.busy_cpu_seconds(tmp_path / "missing") is None
     readings = iter([10.0, 13.0])                              # 3 busy seconds across the machine
-    result, others = bench.while_measuring(lambda: bench.time.sleep(0.2) or "done", busy=lambda: next(readings))
+    result, others = BENCH.while_measuring(lambda: BENCH.time.sleep(0.2) or "done", busy=lambda: next(readings))
     assert result == "done"
     assert 3.0 / 2.0 < others <= 3.0 / 0.2                     # 3 s over >= 0.2 s of wall (own CPU ~0)
-    _, unknown = bench.while_measuring(lambda: None, busy=lambda: None)
+    _, unknown = BENCH.while_measuring(lambda: None, busy=lambda: None)
     assert unknown is None
 
 
 def test_bench_pipeline_reads_the_warm_workers_last_run(tmp_path):
     log = tmp_path / "logs" / "worker.log"
     log.parent.mkdir(parents=True)
-    assert bench_pipeline().worker_usage(tmp_path) is None
+    assert BENCH.worker_usage(tmp_path) is None
     log.write_text("worker 1 serving /tmp/a/socket\njob 2: symfusion-data x\njob 2 (data): exit 0 after 1.0 s\n"
                    "usage: symfusion-worker user 10.00 s, system 1.00 s (its jobs included)\n"
                    "worker 5 serving /tmp/b/socket\njob 6: symfusion-match y\njob 6 (match): exit 2 after 0.5 s\n"
                    "refused merge: another environment: FOO\njob 7 (train): exit 0 after 9.0 s\n"
                    "usage: symfusion-worker user 20.50 s, system 2.25 s (its jobs included)\n")
-    assert bench_pipeline().worker_usage(tmp_path) == {"jobs": 2, "refused": 1, "cpu": 22.75}
+    assert BENCH.worker_usage(tmp_path) == {"jobs": 2, "refused": 1, "cpu": 22.75}
 
 
 def test_the_prediction_scales_the_mini_profiles_cost_by_this_machines_rate():
-    bench = bench_pipeline()
-    low, high = bench.MINI_COST_TFLOP
-    fast, slow = bench.predict(2 * low, None, 2), bench.predict(low, None, 2)
+    low, high = BENCH.MINI_COST_TFLOP
+    fast, slow = BENCH.predict(2 * low, None, 2), BENCH.predict(low, None, 2)
     assert f"about {500:,.0f}-{1e3 * high / (2 * low):,.0f} CPU s here" in fast      # TFLOP / (GFLOP/s) = 1e3 s
     assert f"about {1000:,.0f}-{1e3 * high / low:,.0f} CPU s here" in slow
-    minutes = round(1e3 / (bench.BUSY_PER_CORE * 2) / 60)
+    minutes = round(1e3 / (BENCH.BUSY_PER_CORE * 2) / 60)
     assert f", {minutes}-" in slow and "busy" not in slow
-    shared = bench.predict(low, 1.0, 2)                                           # half of the 2 cores taken
-    assert "the rate reads low" in shared and f"at least {2 * 1e3 / (bench.BUSY_PER_CORE * 2) / 60:.0f}-" in shared
-    assert "longest chain" in bench.predict(low, None, 8) and "longest chain" not in slow
+    shared = BENCH.predict(low, 1.0, 2)                                           # half of the 2 cores taken
+    assert "the rate reads low" in shared and f"at least {2 * 1e3 / (BENCH.BUSY_PER_CORE * 2) / 60:.0f}-" in shared
+    assert "longest chain" in BENCH.predict(low, None, 8) and "longest chain" not in slow
