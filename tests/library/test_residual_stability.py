@@ -6,12 +6,15 @@ import torch
 import transformers as tf
 
 from symfusion.arch import layout_of
+from symfusion.matching import continuous as continuous_module
+from symfusion.matching import descent as descent_module
 from symfusion.matching import match_models
 from symfusion.matching.descent import discrete_parts
 from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import residual_group
 from symfusion.matching.starts import regularised_polar, untouched_cross
 from symfusion.stream import centred_basis, fold_norms, stream_layout
+from symfusion.symmetry import apply_transform, random_residual, random_transform
 
 
 def trained_vit(seed: int, steps: int = 60) -> torch.nn.Module:
@@ -73,3 +76,26 @@ def test_a_float32_rounding_of_the_source_keeps_the_discrete_part_and_the_map(pa
         assert discrete_parts(result.transform.layers) == discrete_parts(reference.transform.layers)
         assert (result.transform.residual.r - reference.transform.residual.r).abs().max() < 1e-4
         assert result.residual["folded_distance"] == pytest.approx(reference.residual["folded_distance"], rel=1e-6)
+
+
+def test_an_inner_loop_stopped_by_its_cap_is_no_fixed_point(pair, monkeypatch):
+    """An inner loop stopped by its step cap is no fixed point even where the next block solve changes nothing: the
+    descent goes on from its R until a loop reaches its fixed point (planted: the same optimum as uncapped), and
+    says converged: false when its own cap stops it first. (It stopped, saying converged, after one capped loop.)"""
+    _, anchor, layout = pair
+    transform = random_transform(layout, seed=1, heads=True)
+    transform.residual = random_residual(stream_layout(layout, anchor), "orthogonal", seed=2)
+    gen = torch.Generator().manual_seed(3)
+    source = {k: v + 1e-3 * v.std() * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+              for k, v in apply_transform(anchor, layout, transform).items()}
+    free = match_models(source, anchor, layout, "full_symmetry")
+    assert free.residual["converged"] and free.residual["starts"][0]["inner_steps"][0] >= 3
+    monkeypatch.setattr(continuous_module, "MAX_INNER", 1)
+    capped = match_models(source, anchor, layout, "full_symmetry")
+    steps = capped.residual["starts"][0]["inner_steps"]
+    assert capped.residual["converged"] and steps[-1] == 0 and len(steps) >= 3       # loops of one step, then none
+    assert discrete_parts(capped.transform.layers) == discrete_parts(free.transform.layers)
+    assert (capped.transform.residual.r - free.transform.residual.r).abs().max() < 1e-8
+    monkeypatch.setattr(descent_module, "MAX_OUTER", 2)
+    stopped = match_models(source, anchor, layout, "full_symmetry")
+    assert stopped.residual["starts"][0]["inner_steps"] == [1, 1] and not stopped.residual["converged"]

@@ -10,7 +10,9 @@ over a pair (matching/pairs.py). The descent alternates
   a 1e-7 rounding of the source stop the loop an iteration earlier or later, 6e-3 away in R, and flip near-tied
   FFN neurons in the next block solve.)
 When a block solve at the inner loop's fixed point changes no discrete part, (R, B) is a fixed point of the whole
-alternation: converged. D never rises; the descent also stops after MAX_OUTER block solves (converged: false).
+alternation: converged. An inner loop stopped by its step cap (MAX_INNER) is no fixed point: where the block solve
+then changes nothing, the next inner loop goes on from its R. D never rises; the descent also stops after
+MAX_OUTER block solves (converged: false).
 A block solve reuses a layer's FFN permutation (and, for multi-head attention, its head permutation) without
 forming its cross products when R has moved too little to change it: the previous solve's row-argmax margin
 exceeds twice the largest change |dR|_2 can cause (Margin) - an exact shortcut.
@@ -134,7 +136,8 @@ def block_pass(pair, r: torch.Tensor, config: MatchConfig, previous: Mapping[int
             blocks[i] = before
             continue
         fs, fa = pair.layer(i)
-        moved = rotate_stream(fs, stream, r)
+        ffn_keys = frozenset() if config.ffn != "none" else frozenset(layout.layers[i].ffn.keys())
+        moved = rotate_stream(fs, stream, r, skip=ffn_keys)            # the FFN maps only where they are solved
         if certify_heads:
             with clock("heads"):
                 head_perm, memos[(i, "heads")] = (head_memo.perm, head_memo) if heads_held else \
@@ -195,8 +198,10 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
             found = block_pass(pair, r, config, blocks, clock, memos)
         solves += 1
         if discrete_parts(found) == discrete_parts(blocks):
-            converged = True
-            break
+            if info["converged"]:
+                converged = True
+                break
+            continue            # the same permutations, the inner loop at its cap: it goes on from R
         blocks = found
     return r, blocks, history[-1], {"descent": history, "inner": inner, "converged": converged,
                                     "block_solves": solves}
