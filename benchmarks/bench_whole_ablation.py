@@ -373,7 +373,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         if learned is None:
             result = match_models(source, anchor, layout, config, tied=tied)
             return apply_transform(source, layout, result.transform), result.residual
-        settings = dict(learned[1])
+        settings = learned[1]                                         # learned_variant's own dict: popped below
         joined = settings.pop("join", 1)                              # batches concatenated into one step's
         averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
         batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,

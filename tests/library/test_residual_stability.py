@@ -14,7 +14,7 @@ from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import residual_group
 from symfusion.matching.starts import regularised_polar, untouched_cross
 from symfusion.stream import centred_basis, fold_norms, stream_layout
-from symfusion.symmetry import apply_transform, random_residual, random_transform
+from test_residual_matching import planted
 
 
 def trained_vit(seed: int, steps: int = 60) -> torch.nn.Module:
@@ -44,8 +44,13 @@ def perturbed(state: dict, seed: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pair():
-    anchor, source = trained_vit(0), trained_vit(1)
+def models():
+    return trained_vit(0), trained_vit(1)
+
+
+@pytest.fixture(scope="module")
+def pair(models):
+    anchor, source = models
     return ({k: v.detach().clone() for k, v in source.state_dict().items()},
             {k: v.detach().clone() for k, v in anchor.state_dict().items()}, layout_of(anchor.config, anchor.state_dict()))
 
@@ -78,16 +83,14 @@ def test_a_float32_rounding_of_the_source_keeps_the_discrete_part_and_the_map(pa
         assert result.residual["folded_distance"] == pytest.approx(reference.residual["folded_distance"], rel=1e-6)
 
 
-def test_an_inner_loop_stopped_by_its_cap_is_no_fixed_point(pair, monkeypatch):
+def test_an_inner_loop_stopped_by_its_cap_is_no_fixed_point(models, monkeypatch):
     """An inner loop stopped by its step cap is no fixed point even where the next block solve changes nothing: the
     descent goes on from its R until a loop reaches its fixed point (planted: the same optimum as uncapped), and
     says converged: false when its own cap stops it first. (It stopped, saying converged, after one capped loop.)"""
-    _, anchor, layout = pair
-    transform = random_transform(layout, seed=1, heads=True)
-    transform.residual = random_residual(stream_layout(layout, anchor), "orthogonal", seed=2)
+    anchor, moved, layout = planted(models[0], "orthogonal", seed=1)
     gen = torch.Generator().manual_seed(3)
     source = {k: v + 1e-3 * v.std() * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
-              for k, v in apply_transform(anchor, layout, transform).items()}
+              for k, v in moved.items()}
     free = match_models(source, anchor, layout, "full_symmetry")
     assert free.residual["converged"] and free.residual["starts"][0]["inner_steps"][0] >= 3
     monkeypatch.setattr(continuous_module, "MAX_INNER", 1)
