@@ -25,8 +25,7 @@ from transformers.models.auto import modeling_auto
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES, family_of
-from symfusion.io.folder import FLOAT_DTYPES, INDEX as SAFETENSORS_INDEX, PICKLE_WEIGHTS, first_line, inside, model_file, \
-    shard_header, weight_map
+from symfusion.io.folder import FLOAT_DTYPES, first_line, inside, model_file, shard_header, weight_map
 
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
 transformers.utils.logging.set_verbosity_error()    # load reports are turned into our own one-line errors

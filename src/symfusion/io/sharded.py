@@ -29,7 +29,7 @@ from transformers.core_model_loading import revert_weight_conversion
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.families import check_compatible, family_spec
 from symfusion.errors import SymfusionError
-from symfusion.io.folder import INDEX, SINGLE, first_line, model_file, weight_map
+from symfusion.io.folder import INDEX, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
 from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for

@@ -23,14 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
+from symfusion.io.folder import INDEX as SAFETENSORS_INDEX, SINGLE as SAFETENSORS_FILE
 from symfusion.io.marks import HOST, is_own, marked_folder, remove_own
 from symfusion.io.outputs import recover_leftovers
 from symfusion.pipeline.revisions import pin_revision
 
 # Files an encoder needs: weights, config and tokenizer (no pickles, no ONNX/TF/Flax copies).
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "spm.model"]
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
