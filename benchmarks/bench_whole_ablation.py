@@ -13,7 +13,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry_learned:refine_gains_lr=1,refine_distill=0
                              the same with matching settings overridden (numbers, words); batches=N reads N batches,
                              join=K concatenates each K of them into one step's batch; average=F averages the
-                             refinement's coordinates over its last F of steps (SWA)
+                             refinement's coordinates over its last F of steps (SWA); select=K keeps, of every
+                             K-th iterate (and the last), the one with the least midpoint task loss on 16
+                             validation batches (Generalized LMC's choice among checkpoints on held-out data)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -287,6 +289,42 @@ def averaging_adam(steps: int, fraction: float):
     return Averaging
 
 
+def selecting_adam(steps: int, every: int, held_out: list[dict], recorded: dict):
+    """torch.optim.Adam that keeps, of the refinement's iterates at every `every`-th step, the one whose midpoint
+    task loss on `held_out` batches is least (Generalized LMC's choice among validation checkpoints), and leaves it
+    in the parameters after the last step. `recorded` holds the path and the (R, layers, gains) of its latest loss
+    call, made from the parameters before the step it precedes (selected_path records them)."""
+
+    class Selecting(torch.optim.Adam):
+        def step(self, closure=None):
+            self.count = getattr(self, "count", 0) + 1
+            params = [p for group in self.param_groups for p in group["params"]]
+            if self.count % every == 0 or self.count == steps:    # the iterate after count - 1 steps
+                path, args = recorded["path"], recorded["args"]
+                with torch.no_grad():
+                    loss = math.fsum(path.output(path.params(*args, 0.5), b).loss.item() for b in held_out) / len(held_out)
+                self.checkpoints = getattr(self, "checkpoints", []) + [(loss, self.count - 1, [p.detach().clone() for p in params])]
+            if self.count < steps:
+                return super().step(closure)
+            loss, index, best = min(self.checkpoints, key=lambda c: (c[0], -c[1]))
+            recorded["chosen"] = (index, loss, [(c[1], c[0]) for c in self.checkpoints])
+            with torch.no_grad():
+                for p, value in zip(params, best):
+                    p.copy_(value)
+            return None
+    return Selecting
+
+
+def selected_path(recorded: dict):
+    """learned._Path whose loss calls record the path and their (R, layers, gains) in `recorded`."""
+
+    class Recording(learned_module._Path):
+        def loss(self, r, layers, gains, alpha, batch):
+            recorded["path"], recorded["args"] = self, (r, layers, gains)
+            return super().loss(r, layers, gains, alpha, batch)
+    return Recording
+
+
 def anchor_gauge(moved, anchor, folds):
     """residual.gauge_gains with the anchor's own gains wherever they are nonzero: a norm whose gain and readers both
     average then has the average of the two folded maps as its merge."""
@@ -376,6 +414,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         settings = learned[1]                                         # learned_variant's own dict: popped below
         joined = settings.pop("join", 1)                              # batches concatenated into one step's
         averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
+        select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
                                          match_option("data_split"))
         if joined > 1:
@@ -385,7 +424,16 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         if averaged:
             stack.enter_context(replaced(learned_module.torch.optim, "Adam",
                                          averaging_adam(refined.refine_steps, averaged)))
+        recorded = {}
+        if select:
+            held_out = task.statistic_batches(learned_module.CHECK_BATCHES, source_dir, "validation")
+            stack.enter_context(replaced(learned_module.torch.optim, "Adam",
+                                         selecting_adam(refined.refine_steps, select, held_out, recorded)))
+            stack.enter_context(replaced(learned_module, "_Path", selected_path(recorded)))
         matched, report = symfusion.align(*modules, matching=refined, data=batches)
+        if select:
+            print(f"checkpoint chosen: after {recorded['chosen'][0]} steps, held-out midpoint loss "
+                  f"{recorded['chosen'][1]:.4f}; all: {[(k, round(v, 4)) for k, v in recorded['chosen'][2]]}", flush=True)
         return matched.state_dict(), report["residual"]
 
 

@@ -53,3 +53,34 @@ def test_weighing_the_first_layer_by_its_input_keeps_a_planted_optimum_and_the_i
     same, plain = weighted_match(source, anchor, layout, (eye, eye)), match_models(source, anchor, layout, FULL)
     assert same.residual["folded_distance"] == plain.residual["folded_distance"]
     assert torch.equal(same.transform.residual.r, plain.transform.residual.r)
+
+
+class _HeldOut:
+    """A stand-in for the refinement's path: its point is the recorded parameter; its held-out loss |p - target|^2."""
+
+    def params(self, r, layers, gains, alpha):
+        return r
+
+    def output(self, point, batch):
+        return type("Out", (), {"loss": (point - batch["target"]).pow(2).sum()})()
+
+
+def test_the_selecting_optimiser_keeps_the_checkpoint_with_the_least_held_out_loss():
+    """select=K (Generalized LMC's choice among validation checkpoints): training pulls p from 0 towards 10, the
+    held-out loss is least near 3, so the kept iterate is the checkpoint nearest 3, not the last one, and it is
+    what the parameters hold after the last step; every K-th iterate (and the last) is a checkpoint."""
+    steps, every, recorded = 20, 4, {"path": _HeldOut()}
+    p = torch.zeros(1, requires_grad=True)
+    optimiser = ABLATION.selecting_adam(steps, every, [{"target": torch.tensor([3.0])}], recorded)([p], lr=0.5)
+    values = []
+    for _ in range(steps):
+        recorded["args"] = (p.detach().clone(), None, None)        # the point the step's loss call reads
+        values.append(float(p.detach()))
+        optimiser.zero_grad()
+        (p - 10.0).pow(2).sum().backward()
+        optimiser.step()
+    index, loss, checkpoints = recorded["chosen"]
+    assert [k for k, _ in checkpoints] == [3, 7, 11, 15, 19]
+    best = min((abs(values[k] - 3.0), k) for k, _ in checkpoints)[1]
+    assert index == best and best != steps - 1
+    assert float(p.detach()) == values[best] and abs(loss - (values[best] - 3.0) ** 2) < 1e-6
