@@ -2,6 +2,7 @@
 and the next run repairs what a killed writer left."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -181,3 +182,38 @@ def test_a_claim_that_writes_nothing_removes_only_the_folders_it_made(tmp_path):
         tmp.write_text("{}")
     claim.release()
     assert (tmp_path / "new" / "out.json").read_text() == "{}"
+
+
+def test_ctrl_c_while_the_lock_is_taken_leaves_no_lock(tmp_path, monkeypatch):
+    """A SIGINT that arrives just after the lock file is created (the moment tests/redteam's Ctrl-C test hits when
+    the machine is busy) is raised once the claim holds the lock, so the claim releases it: no lock file, no
+    folder the claim made. (Before, the interrupt unwound _acquire_lock with the new file unrecorded: it stayed.)"""
+    real = marks.open_lock
+
+    def interrupted(lock):
+        found = real(lock)
+        os.kill(os.getpid(), signal.SIGINT)              # a real signal, delivered at the next bytecode
+        return found
+
+    monkeypatch.setattr(outputs, "open_lock", interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a command's process
+    output = tmp_path / "new" / "out.json"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            claim_output(output, "test", MARKER)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_lock_taken_without_an_interrupt_restores_the_handler(tmp_path):
+    """interrupts_held leaves Python's SIGINT handler as it found it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        claim = claim_output(tmp_path / "out.json", "test", MARKER)
+        assert (tmp_path / ".out.json.lock").is_file() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        claim.release()
+        assert not (tmp_path / ".out.json.lock").exists()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -7,7 +7,8 @@ Every writer of symfusion goes through `claim_output` before it does any work:
   refused with one line that says to choose another path or delete it;
 - a lock (`.NAME.lock`, fcntl) makes a second writer of the same output fail at once, clearly; it is opened
   without following a symbolic link (O_NOFOLLOW), created new (O_EXCL) or else taken over only when it is a
-  plain file of this user holding a lock line, so nothing planted under its name is ever written;
+  plain file of this user holding a lock line, so nothing planted under its name is ever written; a Ctrl-C
+  while it is being taken is raised once the claim holds it, so the claim's release removes it;
 - leftovers of killed writers are dealt with first: every temp is a folder `.NAME.tmp-HOST-PID-*` that carries
   its writer's mark (TEMP_MARK inside: who made it); one of a dead writer of this host is removed (and an old
   result it had displaced restored when the output itself is missing), one of a live writer is left alone,
@@ -31,7 +32,9 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import stat
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +226,26 @@ def _lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
+@contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT under Python's default handler, in the main thread) inside the block is raised as
+    KeyboardInterrupt when the block ends, so what the block takes (a lock file it created) is recorded where the
+    interrupt's unwinding releases it; raised at once instead, it could land between the lock file's creation and
+    its record and leave the lock behind. Elsewhere (another thread or handler) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
+
+
 def _acquire_lock(path: Path) -> int:
     """An exclusive lock on `.NAME.lock` (kept while this process writes NAME), or a one-line error."""
     lock = _lock_path(path)
@@ -290,7 +313,8 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
         if not os.access(path.parent, os.W_OK | os.X_OK):
             raise SymfusionError(f"{what}={output}: {path.parent} is not writable; choose a writable location")
         try:
-            claim.lock_fd = _acquire_lock(path)
+            with interrupts_held():
+                claim.lock_fd = _acquire_lock(path)
         except OSError as error:
             raise SymfusionError(f"{what}={output}: cannot write in {path.parent} ({error.strerror}); "
                                  "choose a writable location") from error
