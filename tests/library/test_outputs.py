@@ -217,3 +217,38 @@ def test_a_lock_taken_without_an_interrupt_restores_the_handler(tmp_path):
         assert not (tmp_path / ".out.json.lock").exists()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_after(function):
+    """`function`, followed by a real SIGINT to this process (delivered at the next bytecode)."""
+    def interrupted(*args, **kwargs):
+        found = function(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return found
+    return interrupted
+
+
+def test_ctrl_c_as_a_marked_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    """A SIGINT right after mkdtemp made the folder (before its mark): KeyboardInterrupt, and no folder, marked or
+    not (before, an unmarked folder stayed, which no cleanup may remove)."""
+    monkeypatch.setattr(marks.tempfile, "mkdtemp", _sigint_after(marks.tempfile.mkdtemp))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            marks.marked_folder(tmp_path, ".out.tmp-")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_as_a_write_s_temp_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A SIGINT right after a writer's temp folder is made (before writing_together lists it): KeyboardInterrupt,
+    no output, no temp, no lock (before, the marked temp stayed until a later run)."""
+    monkeypatch.setattr(outputs, "marked_folder", _sigint_after(outputs.marked_folder))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_folder(tmp_path / "out", 1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []

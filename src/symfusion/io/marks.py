@@ -8,7 +8,9 @@ names anyone who may write into the folder can predict. So nothing is trusted by
 - a file is read only when it is a plain file of this user, opened without following a link (`read_own`): a
   cache entry or checkpoint someone else planted is never read;
 - a lock file is created new (O_EXCL) or taken over only when it is a plain file of this user with one name
-  and a lock line, never through a link (O_NOFOLLOW) (`open_lock`): nothing planted under its name is written.
+  and a lock line, never through a link (O_NOFOLLOW) (`open_lock`): nothing planted under its name is written;
+- a Ctrl-C while such a thing is made and recorded is held until it is recorded (`interrupts_held`), so the
+  interrupt's unwinding removes it instead of leaving it behind.
 """
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import errno
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
@@ -107,13 +112,38 @@ def mark(folder: Path, kind: str) -> Path:
 
 
 def marked_folder(parent: Path, prefix: str, kind: str = "temp") -> Path:
-    """A new folder in `parent` (mkdtemp: a fresh name, this user only) carrying this writer's mark."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    """A new folder in `parent` (mkdtemp: a fresh name, this user only) carrying this writer's mark; a failure or
+    Ctrl-C while it is made removes it."""
+    folder = None
     try:
-        return mark(folder, kind)
+        with interrupts_held():
+            folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            mark(folder, kind)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         raise
+    return folder
+
+
+@contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT under Python's default handler, in the main thread) inside the block is raised as
+    KeyboardInterrupt when the block ends, so what the block makes (a lock file, a temp folder) is recorded where the
+    interrupt's unwinding removes it; raised at once, it could land between the making and the record and leave it
+    behind. Elsewhere (another thread, another handler, inside an outer such block) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
 
 
 def remove_own(path: Path, kind: str | None = None) -> bool:

@@ -32,16 +32,15 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import stat
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 from symfusion.errors import SymfusionError, as_symfusion_error
-from symfusion.io.marks import HOST as _HOST, marked_folder, open_lock, own_folder, pid_alive, remove_own
+from symfusion.io.marks import HOST as _HOST, interrupts_held, marked_folder, open_lock, own_folder, pid_alive, \
+    remove_own
 
 FILES_LIST = ".symfusion-files.json"         # in every folder output: what the writer put there
 _RENAME_NOREPLACE = 1
@@ -148,7 +147,8 @@ def writing_together(claims: list[Claim]):
     temps = []
     try:
         for claim in claims:
-            temps.append(_temp_path(claim.path, claim.is_dir))
+            with interrupts_held():                  # a Ctrl-C as the temp is made: raised once it is listed
+                temps.append(_temp_path(claim.path, claim.is_dir))
         yield temps
         for claim, tmp in zip(claims, temps):
             if claim.is_dir:
@@ -224,26 +224,6 @@ def foreign_entry(folder: Path, stage: str) -> str | None:
 
 def _lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
-
-
-@contextmanager
-def interrupts_held():
-    """Ctrl-C (SIGINT under Python's default handler, in the main thread) inside the block is raised as
-    KeyboardInterrupt when the block ends, so what the block takes (a lock file it created) is recorded where the
-    interrupt's unwinding releases it; raised at once instead, it could land between the lock file's creation and
-    its record and leave the lock behind. Elsewhere (another thread or handler) the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if caught:
-            raise KeyboardInterrupt
 
 
 def _acquire_lock(path: Path) -> int:
