@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +250,19 @@ def test_ctrl_c_as_a_write_s_temp_is_made_leaves_nothing(tmp_path, monkeypatch):
     try:
         with pytest.raises(KeyboardInterrupt):
             write_folder(tmp_path / "out", 1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_as_a_cache_entry_s_temp_is_made_leaves_no_temp(tmp_path, monkeypatch):
+    """write_own (cache entries): a SIGINT right after mkstemp made its temp file: KeyboardInterrupt, no temp, no
+    entry (before, the temp file stayed beside the cache's entries)."""
+    monkeypatch.setattr(marks.tempfile, "mkstemp", _sigint_after(marks.tempfile.mkstemp))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            marks.write_own(tmp_path / "entry.bin", lambda name: Path(name).write_bytes(b"x"))
     finally:
         signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.iterdir()) == []

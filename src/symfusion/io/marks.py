@@ -64,16 +64,19 @@ def write_own(path: Path, write) -> bool:
     if os.path.lexists(path) and not is_own(path):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(handle)
+    name = None
     try:
+        with interrupts_held():                  # a Ctrl-C as the temp file is made: raised once it is named
+            handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+            os.close(handle)
         write(name)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(name, 0o666 & ~umask)       # mkstemp creates 0600; a cache is shared like any file
         os.replace(name, path)
     except BaseException:
-        Path(name).unlink(missing_ok=True)
+        if name is not None:
+            Path(name).unlink(missing_ok=True)
         raise
     WRITTEN.append(path)
     return True
