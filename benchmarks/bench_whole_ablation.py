@@ -303,11 +303,13 @@ def selecting_adam(steps: int, every: int, held_out: list[dict], recorded: dict)
                 path, args = recorded["path"], recorded["args"]
                 with torch.no_grad():
                     loss = math.fsum(path.output(path.params(*args, 0.5), b).loss.item() for b in held_out) / len(held_out)
-                self.checkpoints = getattr(self, "checkpoints", []) + [(loss, self.count - 1, [p.detach().clone() for p in params])]
+                self.losses = getattr(self, "losses", []) + [(self.count - 1, loss)]
+                if loss <= min(value for _, value in self.losses):               # ties: the later iterate
+                    self.best = (self.count - 1, loss, [p.detach().clone() for p in params])
             if self.count < steps:
                 return super().step(closure)
-            loss, index, best = min(self.checkpoints, key=lambda c: (c[0], -c[1]))
-            recorded["chosen"] = (index, loss, [(c[1], c[0]) for c in self.checkpoints])
+            index, loss, best = self.best
+            recorded["chosen"] = (index, loss, self.losses)
             with torch.no_grad():
                 for p, value in zip(params, best):
                     p.copy_(value)

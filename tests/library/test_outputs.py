@@ -185,39 +185,12 @@ def test_a_claim_that_writes_nothing_removes_only_the_folders_it_made(tmp_path):
     assert (tmp_path / "new" / "out.json").read_text() == "{}"
 
 
-def test_ctrl_c_while_the_lock_is_taken_leaves_no_lock(tmp_path, monkeypatch):
-    """A SIGINT that arrives just after the lock file is created (the moment tests/redteam's Ctrl-C test hits when
-    the machine is busy) is raised once the claim holds the lock, so the claim releases it: no lock file, no
-    folder the claim made. (Before, the interrupt unwound _acquire_lock with the new file unrecorded: it stayed.)"""
-    real = marks.open_lock
-
-    def interrupted(lock):
-        found = real(lock)
-        os.kill(os.getpid(), signal.SIGINT)              # a real signal, delivered at the next bytecode
-        return found
-
-    monkeypatch.setattr(outputs, "open_lock", interrupted)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a command's process
-    output = tmp_path / "new" / "out.json"
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            claim_output(output, "test", MARKER)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert not (tmp_path / "new").exists()
-
-
-def test_a_lock_taken_without_an_interrupt_restores_the_handler(tmp_path):
-    """interrupts_held leaves Python's SIGINT handler as it found it."""
+@pytest.fixture
+def default_sigint():
+    """Python's default SIGINT handler (KeyboardInterrupt), as in a command's process; the previous one after."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        claim = claim_output(tmp_path / "out.json", "test", MARKER)
-        assert (tmp_path / ".out.json.lock").is_file() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        claim.release()
-        assert not (tmp_path / ".out.json.lock").exists()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _sigint_after(function):
@@ -229,40 +202,48 @@ def _sigint_after(function):
     return interrupted
 
 
-def test_ctrl_c_as_a_marked_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+def test_ctrl_c_while_the_lock_is_taken_leaves_no_lock(tmp_path, monkeypatch, default_sigint):
+    """A SIGINT that arrives just after the lock file is created (the moment tests/redteam's Ctrl-C test hits when
+    the machine is busy) is raised once the claim holds the lock, so the claim releases it: no lock file, no
+    folder the claim made. (Before, the interrupt unwound _acquire_lock with the new file unrecorded: it stayed.)"""
+    monkeypatch.setattr(outputs, "open_lock", _sigint_after(marks.open_lock))
+    output = tmp_path / "new" / "out.json"
+    with pytest.raises(KeyboardInterrupt):
+        claim_output(output, "test", MARKER)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_lock_taken_without_an_interrupt_restores_the_handler(tmp_path, default_sigint):
+    """interrupts_held leaves Python's SIGINT handler as it found it."""
+    claim = claim_output(tmp_path / "out.json", "test", MARKER)
+    assert (tmp_path / ".out.json.lock").is_file() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    claim.release()
+    assert not (tmp_path / ".out.json.lock").exists()
+
+
+def test_ctrl_c_as_a_marked_folder_is_made_leaves_no_folder(tmp_path, monkeypatch, default_sigint):
     """A SIGINT right after mkdtemp made the folder (before its mark): KeyboardInterrupt, and no folder, marked or
     not (before, an unmarked folder stayed, which no cleanup may remove)."""
     monkeypatch.setattr(marks.tempfile, "mkdtemp", _sigint_after(marks.tempfile.mkdtemp))
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            marks.marked_folder(tmp_path, ".out.tmp-")
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        marks.marked_folder(tmp_path, ".out.tmp-")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_as_a_write_s_temp_is_made_leaves_nothing(tmp_path, monkeypatch):
+def test_ctrl_c_as_a_write_s_temp_is_made_leaves_nothing(tmp_path, monkeypatch, default_sigint):
     """A SIGINT right after a writer's temp folder is made (before writing_together lists it): KeyboardInterrupt,
     no output, no temp, no lock (before, the marked temp stayed until a later run)."""
     monkeypatch.setattr(outputs, "marked_folder", _sigint_after(outputs.marked_folder))
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            write_folder(tmp_path / "out", 1)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        write_folder(tmp_path / "out", 1)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_as_a_cache_entry_s_temp_is_made_leaves_no_temp(tmp_path, monkeypatch):
+def test_ctrl_c_as_a_cache_entry_s_temp_is_made_leaves_no_temp(tmp_path, monkeypatch, default_sigint):
     """write_own (cache entries): a SIGINT right after mkstemp made its temp file: KeyboardInterrupt, no temp, no
     entry (before, the temp file stayed beside the cache's entries)."""
     monkeypatch.setattr(marks.tempfile, "mkstemp", _sigint_after(marks.tempfile.mkstemp))
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            marks.write_own(tmp_path / "entry.bin", lambda name: Path(name).write_bytes(b"x"))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        marks.write_own(tmp_path / "entry.bin", lambda name: Path(name).write_bytes(b"x"))
     assert list(tmp_path.iterdir()) == []

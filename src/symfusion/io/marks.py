@@ -57,6 +57,26 @@ def read_own(path: Path, limit: int | None = None) -> bytes | None:
         os.close(fd)
 
 
+@contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT under Python's default handler, in the main thread) inside the block is raised as
+    KeyboardInterrupt when the block ends, so what the block makes (a lock file, a temp folder) is recorded where the
+    interrupt's unwinding removes it; raised at once, it could land between the making and the record and leave it
+    behind. Elsewhere (another thread, another handler, inside an outer such block) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
+
+
 def write_own(path: Path, write) -> bool:
     """Write a file (a cache entry) atomically: write(temp name) into a new temp file beside `path`, renamed over
     it; nothing when something not this user's plain file is at `path` (it stays). Whether it was written."""
@@ -127,26 +147,6 @@ def marked_folder(parent: Path, prefix: str, kind: str = "temp") -> Path:
             shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
-
-
-@contextmanager
-def interrupts_held():
-    """Ctrl-C (SIGINT under Python's default handler, in the main thread) inside the block is raised as
-    KeyboardInterrupt when the block ends, so what the block makes (a lock file, a temp folder) is recorded where the
-    interrupt's unwinding removes it; raised at once, it could land between the making and the record and leave it
-    behind. Elsewhere (another thread, another handler, inside an outer such block) the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if caught:
-            raise KeyboardInterrupt
 
 
 def remove_own(path: Path, kind: str | None = None) -> bool:
