@@ -15,7 +15,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              join=K concatenates each K of them into one step's batch; average=F averages the
                              refinement's coordinates over its last F of steps (SWA); select=K keeps, of every
                              K-th iterate (and the last), the one with the least midpoint task loss on 16
-                             validation batches (Generalized LMC's choice among checkpoints on held-out data)
+                             validation batches (Generalized LMC's choice among checkpoints on held-out data);
+                             biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -39,6 +40,7 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     anchor_gains             the source unfolded with the anchor's norm gains (where nonzero) instead of the gains
                              closest to the anchor as stored: the merge's folded form is then the average of the
                              two folded forms (the path in the folded gauge)
+    VARIANT+biases           VARIANT, then the source's norm and value biases translated onto the anchor's (ViT; exact)
 The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
 Evaluations are cached as JSON under --out, so a rerun computes only what is missing.
     python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
@@ -50,6 +52,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -334,6 +337,66 @@ def anchor_gauge(moved, anchor, folds):
     return {k: torch.where(anchor[k].double() != 0, anchor[k].double(), g) for k, g in closest.items()}
 
 
+def bias_translations(state: dict) -> list[tuple[str, list[str]]]:
+    """(bias, its readers) of every exact bias translation of a ViT: a norm's bias b -> b + d with each reader's bias
+    c -> c - W d (W (y + d) + c - W d), and a value bias with the attention output's (softmax rows sum to 1:
+    O (sum a v + d) + c - O d)."""
+    out = []
+    for p in sorted({m.group(1) for k in state if (m := re.match(r"(vit\.layers\.\d+\.)", k))},
+                    key=lambda p: int(p.split(".")[2])):
+        out += [(f"{p}layernorm_before.bias", [f"{p}attention.{n}_proj" for n in ("q", "k", "v")]),
+                (f"{p}layernorm_after.bias", [f"{p}mlp.fc1"]),
+                (f"{p}attention.v_proj.bias", [f"{p}attention.o_proj"])]
+    return out + [("vit.layernorm.bias", ["classifier"])]
+
+
+def translated(state: dict, translations: list, deltas: list) -> dict:
+    """state with each translation (bias, readers) moved by its delta d: the same function."""
+    out = dict(state)
+    for (bias, readers), d in zip(translations, deltas):
+        out[bias] = out[bias] + d.to(out[bias].dtype)
+        for r in readers:
+            out[f"{r}.bias"] = out[f"{r}.bias"] - out[f"{r}.weight"] @ d.to(out[f"{r}.weight"].dtype)
+    return out
+
+
+def anchor_biases(moved: dict, anchor: dict) -> dict:
+    """The source's translatable biases set to the anchor's, one after the other (a norm's translation moves the
+    value bias it feeds): the merge's affine part is then the average of the two models' (no cross term
+    (W_a - W_s)(b_a - b_s) / 4)."""
+    out = {k: v.clone() for k, v in moved.items()}
+    for t in bias_translations(out):
+        out = translated(out, [t], [anchor[t[0]].double() - out[t[0]].double()])
+    return out
+
+
+def translating_path(recorded: dict):
+    """learned._Path whose source, as stored after unfolding, is moved by learned bias translations (from 0; created
+    on the first call, kept in `recorded`), which translating_adam adds to the refinement's parameters."""
+
+    class Translating(learned_module._Path):
+        def params(self, r, layers, gains, alpha):
+            if "deltas" not in recorded:
+                recorded["translations"] = bias_translations(self.fs)
+                recorded["deltas"] = [torch.zeros_like(self.fs[b], dtype=torch.float64, requires_grad=True)
+                                      for b, _ in recorded["translations"]]
+            moved = learned_module.apply_blocks(learned_module.rotate_stream(self.fs, self.stream, r), self.layout, layers)
+            if gains is not None:
+                moved = learned_module.unfold_norms(moved, self.stream.folds, gains)
+            moved = translated(moved, recorded["translations"], recorded["deltas"])
+            return {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
+    return Translating
+
+
+def translating_adam(recorded: dict, factor: float):
+    """torch.optim.Adam with the bias translations as one more group, at `factor` times the refinement's rate."""
+
+    class Translating(torch.optim.Adam):
+        def __init__(self, groups, lr):
+            super().__init__(list(groups) + [{"params": recorded["deltas"], "lr": lr * factor}], lr=lr)
+    return Translating
+
+
 def unseen_tokens(task, model_dir: str) -> torch.Tensor:
     tokenizer = load_tokenizer(model_dir)
     counts = torch.bincount(task.blocks("train", tokenizer).flatten(), minlength=len(tokenizer))
@@ -400,6 +463,9 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
     """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
     (source, anchor), which the learned variants align through the one matching path on the batches
     symfusion-match reads by default (presets/match.yaml)."""
+    if variant.endswith("+biases"):
+        moved, info = match(variant[:-len("+biases")], source, anchor, layout, tied, task, model_dir, modules, source_dir)
+        return anchor_biases(moved, anchor), info
     if variant == "none":
         return source, {}
     if variant == "rotation":
@@ -417,6 +483,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         joined = settings.pop("join", 1)                              # batches concatenated into one step's
         averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
+        translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
         batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
                                          match_option("data_split"))
         if joined > 1:
@@ -432,7 +499,19 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
             stack.enter_context(replaced(learned_module.torch.optim, "Adam",
                                          selecting_adam(refined.refine_steps, select, held_out, recorded)))
             stack.enter_context(replaced(learned_module, "_Path", selected_path(recorded)))
+        if translate:
+            stack.enter_context(replaced(learned_module, "_Path", translating_path(recorded)))
+            stack.enter_context(replaced(learned_module.torch.optim, "Adam", translating_adam(recorded, translate)))
         matched, report = symfusion.align(*modules, matching=refined, data=batches)
+        if translate:
+            kept = report["residual"]["refine"]["kept"] == "refined"
+            print(f"bias translations {'kept' if kept else 'not kept'}: largest "
+                  f"{max(d.abs().max().item() for d in recorded['deltas']):.4f}", flush=True)
+            if kept:
+                with torch.no_grad():
+                    state = translated({k: v.detach() for k, v in matched.state_dict().items()},
+                                       recorded["translations"], recorded["deltas"])
+                return state, report["residual"]
         if select:
             print(f"checkpoint chosen: after {recorded['chosen'][0]} steps, held-out midpoint loss "
                   f"{recorded['chosen'][1]:.4f}; all: {[(k, round(v, 4)) for k, v in recorded['chosen'][2]]}", flush=True)

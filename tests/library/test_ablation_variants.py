@@ -84,3 +84,37 @@ def test_the_selecting_optimiser_keeps_the_checkpoint_with_the_least_held_out_lo
     best = min((abs(values[k] - 3.0), k) for k, _ in checkpoints)[1]
     assert index == best and best != steps - 1
     assert float(p.detach()) == values[best] and abs(loss - (values[best] - 3.0) ** 2) < 1e-6
+
+
+def test_bias_translations_keep_the_function_and_the_anchor_s_biases_make_the_merge_s_affine_part_the_average():
+    """A ViT's bias translations (a norm's bias with its readers', a value bias with the attention output's) are
+    exact in float64 for any shift; with the source's biases set to the anchor's, the midpoint's value-bias path
+    W_o b_v + b_o is the average of the two models' (no cross term), and a wrong compensation breaks the function."""
+    model, other = tiny_model("vit", seed=1, dtype=torch.float64), tiny_model("vit", seed=2, dtype=torch.float64)
+    batch = pixels(model)[0]
+    gen = torch.Generator().manual_seed(0)
+    source, anchor = ({k: torch.randn(v.shape, generator=gen, dtype=v.dtype) if k.endswith("bias") else v
+                       for k, v in m.state_dict().items()} for m in (model, other))     # initialised biases are 0
+    model.load_state_dict(source)
+    with torch.no_grad():
+        before = model(**batch).logits
+    translations = ABLATION.bias_translations(source)
+    assert len(translations) == 3 * model.config.num_hidden_layers + 1
+    deltas = [torch.randn(source[b].shape, generator=gen, dtype=torch.float64) for b, _ in translations]
+    moved = ABLATION.anchor_biases(source, anchor)
+    for state in (ABLATION.translated(source, translations, deltas), moved):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            assert torch.allclose(model(**batch).logits, before, rtol=0, atol=1e-10 * before.abs().max())
+    assert all(torch.allclose(moved[b], anchor[b], rtol=0, atol=1e-15) for b, _ in translations)
+    p = "vit.layers.0.attention."
+    path = lambda s: s[f"{p}o_proj.weight"] @ s[f"{p}v_proj.bias"] + s[f"{p}o_proj.bias"]
+    middle = {k: 0.5 * (anchor[k] + moved[k]) for k in anchor}
+    assert torch.allclose(path(middle), 0.5 * (path(anchor) + path(moved)), atol=1e-12)
+    plain = {k: 0.5 * (anchor[k] + source[k]) for k in anchor}                     # untranslated: a cross term
+    assert not torch.allclose(path(plain), 0.5 * (path(anchor) + path(source)), atol=1e-6)
+    broken = dict(source)
+    broken[f"{p}v_proj.bias"] = source[f"{p}v_proj.bias"] + deltas[2]                 # no compensation in o_proj
+    model.load_state_dict(broken)
+    with torch.no_grad():
+        assert (model(**batch).logits - before).abs().max() > 1e-3
