@@ -16,7 +16,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              refinement's coordinates over its last F of steps (SWA); select=K keeps, of every
                              K-th iterate (and the last), the one with the least midpoint task loss on 16
                              validation batches (Generalized LMC's choice among checkpoints on held-out data);
-                             biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0
+                             biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0;
+                             ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -58,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers.activations
+from torch.func import functional_call
 
 import symfusion
 import symfusion.matching.compose as compose
@@ -81,7 +84,7 @@ from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline.tasks import make_task
 from symfusion.pipeline.report.spread import over_pairs
 from symfusion.pipeline.uncertainty import interval, paired_effect, resamples
-from symfusion.symmetry import apply_transform
+from symfusion.symmetry import LayerTransform, Transform, apply_transform
 
 TRACKS = {"vit": ("fashion_mnist", 2000), "llama": ("lm_english", None)}
 FULL = matching_config("full_symmetry")
@@ -397,6 +400,49 @@ def translating_adam(recorded: dict, factor: float):
     return Translating
 
 
+def ffn_activations(model, params: dict, layout, batches: list[dict]) -> list[torch.Tensor]:
+    """Each layer's FFN neuron outputs (the input projection through the model's activation), (tokens, ffn)."""
+    names = [layout.layers[i].ffn.input.weight.rsplit(".", 1)[0] for i in range(layout.num_layers)]
+    act = transformers.activations.ACT2FN[model.config.hidden_act]
+    seen = {n: [] for n in names}
+    hooks = [model.get_submodule(n).register_forward_hook(lambda m, i, o, n=n: seen[n].append(act(o).flatten(0, -2)))
+             for n in names]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                functional_call(model, params, args=(), kwargs={k: v for k, v in batch.items() if k != "labels"})
+    finally:
+        for h in hooks:
+            h.remove()
+    return [torch.cat(seen[n]).double() for n in names]
+
+
+def correlated_ffn(count: int, recorded: dict):
+    """learned.refine_by_loss (as whole.py calls it) after each layer's FFN permutation is re-chosen on the first
+    `count` batches: the assignment maximising the summed correlation of the anchor's and the moved source's neuron
+    outputs (activation matching, Ainsworth et al.'s), composed with the descent's."""
+    refine = learned_module.refine_by_loss
+
+    def refine_after(fs, fa, anchor, layout, stream, r, blocks, model, batches, settings):
+        moved = learned_module.apply_blocks(learned_module.rotate_stream(fs, stream, r), layout, blocks.layers)
+        moved = learned_module.unfold_norms(moved, stream.folds, gauge_gains(moved, layout.canonical(anchor), stream.folds))
+        floats = lambda state: {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        moved = layout.stored_form(moved) if layout.stored else moved
+        ends = [ffn_activations(model.eval(), floats(x), layout, batches[:count]) for x in (dict(anchor), moved)]
+        layers, moves = {}, []
+        for i, (ya, ys) in enumerate(zip(*ends)):
+            za, zs = ((y - y.mean(0)) / (y.std(0) + 1e-12) for y in (ya, ys))
+            q = max_assignment(za.T @ zs / za.shape[0])                           # (ffn,): anchor neuron <- moved
+            t = blocks.layers.get(i, LayerTransform())
+            p = t.ffn_perm if t.ffn_perm is not None else torch.arange(q.numel())
+            layers[i] = dataclasses.replace(t, ffn_perm=p[q])
+            moves.append(int((q != torch.arange(q.numel())).sum()))
+        recorded["moved_neurons"] = moves
+        return refine(fs, fa, anchor, layout, stream, r, Transform(layers, blocks.residual), model, batches,
+                      settings)
+    return refine_after
+
+
 def unseen_tokens(task, model_dir: str) -> torch.Tensor:
     tokenizer = load_tokenizer(model_dir)
     counts = torch.bincount(task.blocks("train", tokenizer).flatten(), minlength=len(tokenizer))
@@ -484,6 +530,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
+        correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
         batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
                                          match_option("data_split"))
         if joined > 1:
@@ -499,10 +546,14 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
             stack.enter_context(replaced(learned_module.torch.optim, "Adam",
                                          selecting_adam(refined.refine_steps, select, held_out, recorded)))
             stack.enter_context(replaced(learned_module, "_Path", selected_path(recorded)))
+        if correlate:
+            stack.enter_context(replaced(whole, "refine_by_loss", correlated_ffn(correlate, recorded)))
         if translate:
             stack.enter_context(replaced(learned_module, "_Path", translating_path(recorded)))
             stack.enter_context(replaced(learned_module.torch.optim, "Adam", translating_adam(recorded, translate)))
         matched, report = symfusion.align(*modules, matching=refined, data=batches)
+        if correlate:
+            print(f"FFN neurons moved by activation matching per layer: {recorded['moved_neurons']}", flush=True)
         if translate:
             kept = report["residual"]["refine"]["kept"] == "refined"
             print(f"bias translations {'kept' if kept else 'not kept'}: largest "

@@ -6,10 +6,13 @@ distance)."""
 import torch
 import torch.nn.functional as F
 
+import symfusion.matching.learned as learned_module
 import symfusion.matching.pairs as pairs_module
+from symfusion.arch import layout_of
 from symfusion.measures import distance
 from symfusion.matching import match_models
-from symfusion.symmetry import apply_transform
+from symfusion.stream import fold_norms, stream_layout
+from symfusion.symmetry import LayerTransform, Transform, apply_transform
 from benchmark_scripts import load_benchmark
 from test_residual_matching import FULL, planted
 from tiny_models import tiny_model
@@ -118,3 +121,30 @@ def test_bias_translations_keep_the_function_and_the_anchor_s_biases_make_the_me
     model.load_state_dict(broken)
     with torch.no_grad():
         assert (model(**batch).logits - before).abs().max() > 1e-3
+
+
+def test_activation_matching_of_the_ffn_recovers_planted_neuron_permutations():
+    """correlated_ffn re-chooses each layer's FFN permutation from the neuron outputs on data: a source that is the
+    anchor with its FFN neurons permuted gets permutations that put every neuron back (the moved source's FFN maps
+    equal the anchor's), composed with the blocks it was given, before the refinement it wraps is called."""
+    model = tiny_model("vit", seed=4)
+    anchor = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = layout_of(model.config, anchor)
+    gen = torch.Generator().manual_seed(5)
+    planted_perms = {i: torch.randperm(layout.ffn_size, generator=gen) for i in range(layout.num_layers)}
+    source = apply_transform(anchor, layout, Transform({i: LayerTransform(ffn_perm=p) for i, p in planted_perms.items()}))
+    stream = stream_layout(layout, source)
+    fs, fa = (fold_norms(layout.canonical(s), stream.folds) for s in (source, anchor))
+    given = Transform({0: LayerTransform(ffn_perm=torch.randperm(layout.ffn_size, generator=gen))})  # found: composed
+    seen = {}
+    fake = lambda *args: seen.setdefault("blocks", args[6])
+    with ABLATION.replaced(learned_module, "refine_by_loss", fake):
+        refine = ABLATION.correlated_ffn(2, {})
+    batches = [{k: v.float() for k, v in b.items()} for b in pixels(model, images=16)]
+    refine(fs, fa, anchor, layout, stream, torch.eye(stream.hidden, dtype=torch.float64), given, model, batches, None)
+    moved = apply_transform(source, layout, seen["blocks"])
+    for i in range(layout.num_layers):
+        ffn = layout.layers[i].ffn
+        for key in (ffn.input.weight, ffn.output.weight):
+            assert torch.equal(moved[key], anchor[key])
+        assert not torch.equal(planted_perms[i], torch.arange(layout.ffn_size))
