@@ -17,7 +17,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              K-th iterate (and the last), the one with the least midpoint task loss on 16
                              validation batches (Generalized LMC's choice among checkpoints on held-out data);
                              biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0;
-                             ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first
+                             ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
+                             split=test refines on the test split (an oracle: the floor of the group, not a result)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -69,6 +70,7 @@ import symfusion.matching.learned as learned_module
 import symfusion.matching.pairs as pairs_module
 import symfusion.matching.starts as starts_module
 import symfusion.matching.whole as whole
+import symfusion.pipeline.tasks.base as task_base
 from symfusion.arch import layout_of
 from symfusion.pipeline.config import load_group
 from symfusion.presets import match_option
@@ -531,8 +533,11 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
         correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
+        split = settings.pop("split", match_option("data_split"))       # test: an oracle (the split that scores it)
+        if split == "test":
+            stack.enter_context(replaced(task_base, "STATISTICS_SPLITS", task_base.STATISTICS_SPLITS + ("test",)))
         batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
-                                         match_option("data_split"))
+                                         split)
         if joined > 1:
             batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
                        for i in range(0, len(batches), joined)]
