@@ -347,8 +347,7 @@ def bias_translations(state: dict) -> list[tuple[str, list[str]]]:
     c -> c - W d (W (y + d) + c - W d), and a value bias with the attention output's (softmax rows sum to 1:
     O (sum a v + d) + c - O d)."""
     out = []
-    for p in sorted({m.group(1) for k in state if (m := re.match(r"(vit\.layers\.\d+\.)", k))},
-                    key=lambda p: int(p.split(".")[2])):
+    for p in dict.fromkeys(m.group(1) for k in state if (m := re.match(r"(vit\.layers\.\d+\.)", k))):
         out += [(f"{p}layernorm_before.bias", [f"{p}attention.{n}_proj" for n in ("q", "k", "v")]),
                 (f"{p}layernorm_after.bias", [f"{p}mlp.fc1"]),
                 (f"{p}attention.v_proj.bias", [f"{p}attention.o_proj"])]
@@ -380,16 +379,12 @@ def translating_path(recorded: dict):
     on the first call, kept in `recorded`), which translating_adam adds to the refinement's parameters."""
 
     class Translating(learned_module._Path):
-        def params(self, r, layers, gains, alpha):
+        def moved(self, r, layers, gains):
             if "deltas" not in recorded:
                 recorded["translations"] = bias_translations(self.fs)
                 recorded["deltas"] = [torch.zeros_like(self.fs[b], dtype=torch.float64, requires_grad=True)
                                       for b, _ in recorded["translations"]]
-            moved = learned_module.apply_blocks(learned_module.rotate_stream(self.fs, self.stream, r), self.layout, layers)
-            if gains is not None:
-                moved = learned_module.unfold_norms(moved, self.stream.folds, gains)
-            moved = translated(moved, recorded["translations"], recorded["deltas"])
-            return {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
+            return translated(super().moved(r, layers, gains), recorded["translations"], recorded["deltas"])
     return Translating
 
 
@@ -426,8 +421,9 @@ def correlated_ffn(count: int, recorded: dict):
     refine = learned_module.refine_by_loss
 
     def refine_after(fs, fa, anchor, layout, stream, r, blocks, model, batches, settings):
-        moved = learned_module.apply_blocks(learned_module.rotate_stream(fs, stream, r), layout, blocks.layers)
-        moved = learned_module.unfold_norms(moved, stream.folds, gauge_gains(moved, layout.canonical(anchor), stream.folds))
+        path = learned_module._Path(model, layout, stream, fs, anchor)
+        moved = path.moved(r, blocks.layers, gauge_gains(path.moved(r, blocks.layers, None), layout.canonical(anchor),
+                                                         stream.folds))
         floats = lambda state: {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
         moved = layout.stored_form(moved) if layout.stored else moved
         ends = [ffn_activations(model.eval(), floats(x), layout, batches[:count]) for x in (dict(anchor), moved)]

@@ -190,10 +190,13 @@ class _Path:
         self.anchor = {k: v for k, v in anchor.items() if k != stream.tied_copy}
         self.ends = None
 
-    def params(self, r, layers, gains, alpha: float) -> dict:
+    def moved(self, r, layers, gains) -> dict:
+        """The source moved by R and the block transforms, unfolded with `gains` (None: left folded)."""
         moved = apply_blocks(rotate_stream(self.fs, self.stream, r), self.layout, layers)
-        if gains is not None:
-            moved = unfold_norms(moved, self.stream.folds, gains)
+        return moved if gains is None else unfold_norms(moved, self.stream.folds, gains)
+
+    def params(self, r, layers, gains, alpha: float) -> dict:
+        moved = self.moved(r, layers, gains)
         point = {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
         return self.layout.stored_form(point) if self.layout.stored else point
 
