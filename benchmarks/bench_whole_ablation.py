@@ -17,6 +17,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              K-th iterate (and the last), the one with the least midpoint task loss on 16
                              validation batches (Generalized LMC's choice among checkpoints on held-out data);
                              biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0;
+                             scale=F learns the ViT's residual-stream scale (VARIANT+scale) at F x lr, from 1;
+                             minimax=F takes each step on the largest loss of the path points 0.5 - F, 0.5, 0.5 + F
+                             (each with its distillation targets) instead of one drawn alpha (3 passes a step);
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
                              split=test refines on the test split (an oracle: the floor of the group, not a result)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
@@ -43,6 +46,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              closest to the anchor as stored: the merge's folded form is then the average of the
                              two folded forms (the path in the folded gauge)
     VARIANT+biases           VARIANT, then the source's norm and value biases translated onto the anchor's (ViT; exact)
+    VARIANT+scale            VARIANT, then the source's residual stream times the c > 0 that brings its writers
+                             closest to the anchor's (least squares; every reader is a LayerNorm: exact up to eps)
+    VARIANT+scale_norm       the same with c the ratio of the two models' writer norms (equal stream magnitudes)
 The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
 Evaluations are cached as JSON under --out, so a rerun computes only what is missing.
     python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
@@ -374,6 +380,68 @@ def anchor_biases(moved: dict, anchor: dict) -> dict:
     return out
 
 
+def stream_writers(state: dict) -> list[str]:
+    """The tensors that write a pre-LN ViT's residual stream: the embeddings (patch projection, class token,
+    positions) and each layer's attention output and FFN output, weights and biases. Every reader of the stream is
+    a LayerNorm (each layer's two, the final one), and LN(c x) = LN(x) for c > 0 up to its eps, so scaling all of
+    them by one c keeps the function."""
+    layers = dict.fromkeys(m.group(1) for k in state if (m := re.match(r"(vit\.layers\.\d+\.)", k)))
+    return (["vit.embeddings.cls_token", "vit.embeddings.position_embeddings",
+             "vit.embeddings.patch_embeddings.projection.weight", "vit.embeddings.patch_embeddings.projection.bias"]
+            + [f"{p}{m}.{t}" for p in layers for m in ("attention.o_proj", "mlp.fc2") for t in ("weight", "bias")])
+
+
+def scaled_stream(state: dict, c) -> dict:
+    """state with its residual stream times c (a positive scalar, a float or a 0-dim tensor): the same function."""
+    out = dict(state)
+    for k in stream_writers(state):
+        out[k] = out[k] * (c.to(out[k].dtype) if torch.is_tensor(c) else c)
+    return out
+
+
+def stream_scale(moved: dict, anchor: dict, kind: str) -> float:
+    """The scale c of the moved source's stream: `fit`, argmin_c sum ||W_a - c W_s||^2 over the writers
+    (<W_a, W_s> / ||W_s||^2); `norm`, ||W_a|| / ||W_s|| (the two streams' writers equally large)."""
+    a = torch.cat([anchor[k].double().flatten() for k in stream_writers(moved)])
+    s = torch.cat([moved[k].double().flatten() for k in stream_writers(moved)])
+    return float(a @ s / (s @ s)) if kind == "fit" else float(a.norm() / s.norm())
+
+
+def scaling_path(recorded: dict):
+    """learned._Path whose source, as stored after unfolding, has its stream times exp(u), u learned from 0 (created
+    on the first call, kept in `recorded`; scaling_adam adds it to the refinement's parameters)."""
+
+    class Scaling(learned_module._Path):
+        def moved(self, r, layers, gains):
+            if "log_scale" not in recorded:
+                recorded["log_scale"] = torch.zeros((), dtype=torch.float64, requires_grad=True)
+            return scaled_stream(super().moved(r, layers, gains), torch.exp(recorded["log_scale"]))
+    return Scaling
+
+
+def scaling_adam(recorded: dict, factor: float):
+    """torch.optim.Adam with the stream's log-scale as one more group, at `factor` times the refinement's rate."""
+
+    class Scaling(torch.optim.Adam):
+        def __init__(self, groups, lr):
+            super().__init__(list(groups) + [{"params": [recorded["log_scale"]], "lr": lr * factor}], lr=lr)
+    return Scaling
+
+
+def minimax_path(spread: float):
+    """learned._Path whose training loss (with gradients) is the largest of the losses at alpha = 0.5 - spread, 0.5,
+    0.5 + spread, whatever alpha was drawn: the refinement then lowers the path's highest point among the three, not
+    one point; without gradients (the keep-or-not check) the loss at the alpha asked."""
+
+    class Minimax(learned_module._Path):
+        def loss(self, r, layers, gains, alpha, batch):
+            if not torch.is_grad_enabled():
+                return super().loss(r, layers, gains, alpha, batch)
+            points = (0.5 - spread, 0.5, 0.5 + spread)
+            return torch.stack([super(Minimax, self).loss(r, layers, gains, a, batch) for a in points]).max()
+    return Minimax
+
+
 def translating_path(recorded: dict):
     """learned._Path whose source, as stored after unfolding, is moved by learned bias translations (from 0; created
     on the first call, kept in `recorded`), which translating_adam adds to the refinement's parameters."""
@@ -510,6 +578,13 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
     if variant.endswith("+biases"):
         moved, info = match(variant[:-len("+biases")], source, anchor, layout, tied, task, model_dir, modules, source_dir)
         return anchor_biases(moved, anchor), info
+    for suffix, kind in (("+scale", "fit"), ("+scale_norm", "norm")):
+        if variant.endswith(suffix):
+            moved, info = match(variant[:-len(suffix)], source, anchor, layout, tied, task, model_dir, modules,
+                                source_dir)
+            c = stream_scale(moved, anchor, kind)
+            print(f"stream scale ({kind}): {c:.4f}", flush=True)
+            return scaled_stream(moved, c), info
     if variant == "none":
         return source, {}
     if variant == "rotation":
@@ -528,6 +603,8 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         averaged = settings.pop("average", 0.0)                       # the last fraction of steps averaged
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
+        scale = settings.pop("scale", 0)                              # the stream's scale learned at this x lr
+        spread = settings.pop("minimax", 0)                           # steps on the max of three path points
         correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
         split = settings.pop("split", match_option("data_split"))       # test: an oracle (the split that scores it)
         if split == "test":
@@ -552,7 +629,18 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         if translate:
             stack.enter_context(replaced(learned_module, "_Path", translating_path(recorded)))
             stack.enter_context(replaced(learned_module.torch.optim, "Adam", translating_adam(recorded, translate)))
+        if spread:
+            stack.enter_context(replaced(learned_module, "_Path", minimax_path(spread)))
+        if scale:
+            stack.enter_context(replaced(learned_module, "_Path", scaling_path(recorded)))
+            stack.enter_context(replaced(learned_module.torch.optim, "Adam", scaling_adam(recorded, scale)))
         matched, report = symfusion.align(*modules, matching=refined, data=batches)
+        if scale:
+            kept = report["residual"]["refine"]["kept"] == "refined"
+            c = math.exp(recorded["log_scale"].item())
+            print(f"stream scale {'kept' if kept else 'not kept'}: {c:.4f}", flush=True)
+            state = {k: v.detach() for k, v in matched.state_dict().items()}
+            return (scaled_stream(state, c) if kept else state), report["residual"]
         if correlate:
             print(f"FFN neurons moved by activation matching per layer: {recorded['moved_neurons']}", flush=True)
         if translate:

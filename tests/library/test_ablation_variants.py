@@ -123,6 +123,36 @@ def test_bias_translations_keep_the_function_and_the_anchor_s_biases_make_the_me
         assert (model(**batch).logits - before).abs().max() > 1e-3
 
 
+def test_the_stream_scale_keeps_the_function_and_its_fit_is_the_least_squares_scale():
+    """A pre-LN ViT's residual stream times any c > 0 (embeddings, attention and FFN outputs) computes the same
+    function (every reader is a LayerNorm; float64, up to its eps); `fit` is the c that brings the writers closest
+    to the anchor's (the distance is larger at c +- 1%), `norm` equalises their norms; leaving one writer out
+    breaks the function."""
+    model, other = tiny_model("vit", seed=1, dtype=torch.float64), tiny_model("vit", seed=2, dtype=torch.float64)
+    batch = pixels(model)[0]
+    source, anchor = model.state_dict(), other.state_dict()
+    writers = ABLATION.stream_writers(source)
+    assert len(writers) == 4 + 4 * model.config.num_hidden_layers
+    with torch.no_grad():
+        before = model(**batch).logits
+    for c in (0.3, 2.5):
+        model.load_state_dict(ABLATION.scaled_stream(source, c))
+        with torch.no_grad():
+            assert torch.allclose(model(**batch).logits, before, rtol=0, atol=1e-8 * before.abs().max())
+    distance = lambda c: sum(float((anchor[k] - c * source[k]).pow(2).sum()) for k in writers)
+    fit = ABLATION.stream_scale(source, anchor, "fit")
+    assert distance(fit) < min(distance(fit * 0.99), distance(fit * 1.01))
+    norm = ABLATION.stream_scale(source, anchor, "norm")
+    scaled = ABLATION.scaled_stream(source, norm)
+    assert abs(sum(float(scaled[k].pow(2).sum()) for k in writers) / sum(float(anchor[k].pow(2).sum())
+                                                                          for k in writers) - 1) < 1e-12
+    broken = ABLATION.scaled_stream(source, 2.0)
+    broken[writers[-2]] = source[writers[-2]]                                        # the last FFN output left alone
+    model.load_state_dict(broken)
+    with torch.no_grad():
+        assert (model(**batch).logits - before).abs().max() > 1e-3
+
+
 def test_activation_matching_of_the_ffn_recovers_planted_neuron_permutations():
     """correlated_ffn re-chooses each layer's FFN permutation from the neuron outputs on data: a source that is the
     anchor with its FFN neurons permuted gets permutations that put every neuron back (the moved source's FFN maps
