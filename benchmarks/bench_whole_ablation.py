@@ -18,8 +18,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              validation batches (Generalized LMC's choice among checkpoints on held-out data);
                              biases=F learns the ViT's bias translations (VARIANT+biases) at F x lr, from 0;
                              scale=F learns the ViT's residual-stream scale (VARIANT+scale) at F x lr, from 1;
-                             minimax=F takes each step on the largest loss of the path points 0.5 - F, 0.5, 0.5 + F
-                             (each with its distillation targets) instead of one drawn alpha (3 passes a step);
+                             minimax=F is matching.refine_minimax=[0.5 - F, 0.5, 0.5 + F] (each step at the highest
+                             of the three points on its batch instead of the midpoint), minimax_points=N N points
+                             evenly from 0.5 - F to 0.5 + F;
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
                              split=test refines on the test split (an oracle: the floor of the group, not a result)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
@@ -428,20 +429,6 @@ def scaling_adam(recorded: dict, factor: float):
     return Scaling
 
 
-def minimax_path(spread: float):
-    """learned._Path whose training loss (with gradients) is the largest of the losses at alpha = 0.5 - spread, 0.5,
-    0.5 + spread, whatever alpha was drawn: the refinement then lowers the path's highest point among the three, not
-    one point; without gradients (the keep-or-not check) the loss at the alpha asked."""
-
-    class Minimax(learned_module._Path):
-        def loss(self, r, layers, gains, alpha, batch):
-            if not torch.is_grad_enabled():
-                return super().loss(r, layers, gains, alpha, batch)
-            points = (0.5 - spread, 0.5, 0.5 + spread)
-            return torch.stack([super(Minimax, self).loss(r, layers, gains, a, batch) for a in points]).max()
-    return Minimax
-
-
 def translating_path(recorded: dict):
     """learned._Path whose source, as stored after unfolding, is moved by learned bias translations (from 0; created
     on the first call, kept in `recorded`), which translating_adam adds to the refinement's parameters."""
@@ -604,7 +591,9 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
         scale = settings.pop("scale", 0)                              # the stream's scale learned at this x lr
-        spread = settings.pop("minimax", 0)                           # steps on the max of three path points
+        if "minimax" in settings:                                     # steps at the highest of three path points
+            spread, n = settings.pop("minimax"), settings.pop("minimax_points", 3)
+            settings["refine_minimax"] = tuple(round(0.5 - spread + 2 * spread * i / (n - 1), 10) for i in range(n))
         correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
         split = settings.pop("split", match_option("data_split"))       # test: an oracle (the split that scores it)
         if split == "test":
@@ -629,8 +618,6 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         if translate:
             stack.enter_context(replaced(learned_module, "_Path", translating_path(recorded)))
             stack.enter_context(replaced(learned_module.torch.optim, "Adam", translating_adam(recorded, translate)))
-        if spread:
-            stack.enter_context(replaced(learned_module, "_Path", minimax_path(spread)))
         if scale:
             stack.enter_context(replaced(learned_module, "_Path", scaling_path(recorded)))
             stack.enter_context(replaced(learned_module.torch.optim, "Adam", scaling_adam(recorded, scale)))

@@ -42,7 +42,7 @@ class FamilySpec:
     conv1d:           the layer maps are Conv1D (weight (in, out)), with Q, K, V fused in modules["qkv"]
     match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
     refine:           the learned refinement's settings where the matching leaves them to the family
-                      (matching.refine_lr / refine_alphas / refine_group / refine_distill / refine_gains_lr
+                      (matching.refine_lr / refine_alphas / refine_minimax / refine_group / refine_distill / refine_gains_lr
                       null), as (setting, value) pairs; the others take RefineSettings' defaults
                       (matching/learned.py): lr 1e-2 at the midpoint, the orthogonal group, no distillation, the
                       gains at lr; VIT_REFINE and DECODER_REFINE as measured on the mini's pairs

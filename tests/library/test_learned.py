@@ -12,6 +12,7 @@ from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.families import DECODER_REFINE, VIT_REFINE
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
+from symfusion.matching import learned
 from symfusion.matching.learned import soft_cross_entropy
 from symfusion.presets import load_preset
 from symfusion.stream import stream_layout
@@ -170,7 +171,10 @@ def test_the_refinement_is_deterministic():
     ({"refine_distill": "0.5"}, "refine_distill"), ({"refine_gains_lr": 0.0}, "refine_gains_lr"),
     ({"refine_gains_lr": -1.0}, "refine_gains_lr"), ({"refine_gains_lr": "2"}, "refine_gains_lr"),
     ({"refine_lr": float("inf")}, "refine_lr"), ({"refine_gains_lr": float("inf")}, "refine_gains_lr"),
-    ({"refine_gains_lr": float("nan")}, "refine_gains_lr"), ({"refine_alphas": (0.2, float("nan"))}, "refine_alphas")])
+    ({"refine_gains_lr": float("nan")}, "refine_gains_lr"), ({"refine_alphas": (0.2, float("nan"))}, "refine_alphas"),
+    ({"refine_minimax": "0.3,0.7"}, "refine_minimax"), ({"refine_minimax": 0.5}, "refine_minimax"),
+    ({"refine_minimax": [0.3, 1.5]}, "refine_minimax"), ({"refine_minimax": [0.3, float("nan")]}, "refine_minimax"),
+    ({"refine_minimax": [0.3, "0.7"]}, "refine_minimax")])
 def test_wrong_refine_settings_are_refused_with_one_line(settings, message):
     with pytest.raises(SymfusionError, match=message):
         MatchConfig(residual="auto", refine="loss", **settings)
@@ -183,10 +187,11 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
     MatchConfig default (one value, written twice: a drift fails here); a preset's list [lo, hi] is read as given."""
     preset = load_preset("matching", "full_symmetry")
     default = MatchConfig()
-    for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_group", "refine_gauge",
-                 "refine_distill", "refine_gains_lr"):
+    for name in ("refine_steps", "refine_lr", "refine_schedule", "refine_alphas", "refine_minimax", "refine_group",
+                 "refine_gauge", "refine_distill", "refine_gains_lr"):
         value = preset[name]
-        assert (tuple(value) if name == "refine_alphas" and value is not None else value) == getattr(default, name), name
+        assert (tuple(value) if name in ("refine_alphas", "refine_minimax") and value is not None else value) == \
+            getattr(default, name), name
     learned = matching_config("full_symmetry_learned")
     assert learned.refine == "loss" and learned.refine_settings().alphas == (0.5, 0.5)
     config = MatchConfig.from_mapping(OmegaConf.create({"residual": "auto", "refine": "loss",
@@ -245,6 +250,42 @@ def test_the_refinement_with_distillation_lowers_its_objective_and_keeps_the_fun
     assert refine["distill"] == 0.5 and refine["kept"] == "refined"
     assert refine["midpoint_loss_after"] < refine["midpoint_loss_before"]
     assert relative_change(source, result.transform) < 1e-9
+
+
+def test_minimax_steps_are_taken_at_the_highest_of_the_points(monkeypatch):
+    """refine_minimax: every step's gradient is taken at the point whose loss on that step's batch is the largest
+    (read without gradients at each point just before); the keep-or-not check still reads the midpoint; one point
+    is the same refinement as alpha fixed there (refine_alphas [a, a]), to the bit."""
+    calls = []
+    original = learned._Path.loss
+
+    def recording(self, r, layers, gains, alpha, batch):
+        value = original(self, r, layers, gains, alpha, batch)
+        calls.append((alpha, torch.is_grad_enabled(), value.item()))
+        return value
+
+    monkeypatch.setattr(learned._Path, "loss", recording)
+    points = (0.2, 0.5, 0.8)
+    _, _, result = _refine("enc", "vit", {}, refine_minimax=points, refine_distill=0.5)
+    refine = result.residual["refine"]
+    assert refine["minimax"] == list(points)
+    steps = [i for i, (_, grad, _) in enumerate(calls) if grad]
+    assert len(steps) == 30
+    chosen = []
+    for i in steps:
+        read = calls[i - len(points):i]
+        assert [a for a, grad, _ in read] == list(points) and not any(grad for _, grad, _ in read)
+        highest = max(read, key=lambda c: c[2])
+        assert calls[i][0] == highest[0] and calls[i][2] == highest[2]     # the same loss, now with gradients
+        chosen.append(calls[i][0])
+    assert len(set(chosen)) > 1 or chosen[0] != 0.5                 # the max is not always the midpoint here
+    assert all(a == 0.5 for a, grad, _ in calls[:steps[0] - len(points)]) and \
+        all(a == 0.5 and not grad for a, grad, _ in calls[steps[-1] + 1:])
+    monkeypatch.setattr(learned._Path, "loss", original)
+    one = _refine("enc", "vit", {}, refine_minimax=(0.3,))[2].transform
+    fixed = _refine("enc", "vit", {}, refine_alphas=(0.3, 0.3))[2].transform
+    assert torch.equal(one.residual.r, fixed.residual.r)
+    assert all(torch.equal(one.residual.gains[k], fixed.residual.gains[k]) for k in fixed.residual.gains)
 
 
 def test_the_gains_learning_rate_scales_the_gains_step_alone():

@@ -94,6 +94,8 @@ def bert_cases(root: Path):
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "max_relative_output_change=nan"], "finite"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching=full_symmetry", "matching.refine_gains_lr=inf"],
          "matching.refine_gains_lr=inf must be a finite number"),
+        ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching=full_symmetry", "matching.refine_minimax=[0.3,2]"],
+         "matching.refine_minimax=[0.3, 2] must be points 0 <= alpha <= 1"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "probe.batch_size=0"], "probe.batch_size"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "foo=1"], "not an option of symfusion-match"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "+foo=1"], "not an option of symfusion-match"),

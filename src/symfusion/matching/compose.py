@@ -79,8 +79,8 @@ class MatchConfig:
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
     the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
-    (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_group, refine_distill and
-    refine_gains_lr None = the family's (families.py, `refine`; else RefineSettings' defaults).
+    (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_minimax, refine_group,
+    refine_distill and refine_gains_lr None = the family's (families.py, `refine`; else RefineSettings' defaults).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -97,6 +97,7 @@ class MatchConfig:
     refine_lr: float | None = None
     refine_schedule: str = "cosine"
     refine_alphas: tuple[float, float] | None = None
+    refine_minimax: tuple[float, ...] | None = None
     refine_group: str | None = None
     refine_gauge: bool = True
     refine_distill: float | None = None
@@ -123,6 +124,13 @@ class MatchConfig:
             for alpha in self.refine_alphas:
                 _number("refine_alphas", alpha)
             object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
+        if self.refine_minimax is not None:
+            if isinstance(self.refine_minimax, (str, bytes)) or not isinstance(self.refine_minimax, Sequence):
+                raise SymfusionError(f"matching.refine_minimax={self.refine_minimax!r} must be a list of path points "
+                                     "or null")
+            for alpha in self.refine_minimax:
+                _number("refine_minimax", alpha)
+            object.__setattr__(self, "refine_minimax", tuple(self.refine_minimax))
         if self.refine_group is not None:
             _choice("refine_group", self.refine_group, REFINE_GROUPS)
         _flag("refine_gauge", self.refine_gauge)
@@ -142,19 +150,21 @@ class MatchConfig:
         self.refine_settings()                                 # checks the refine_* settings
 
     def as_report(self) -> dict:
-        """The settings as a report (match.json) states them: JSON values, refine_alphas a list."""
+        """The settings as a report (match.json) states them: JSON values, refine_alphas and refine_minimax lists."""
         return {**dataclasses.asdict(self),
-                "refine_alphas": None if self.refine_alphas is None else list(self.refine_alphas)}
+                **{k: None if getattr(self, k) is None else list(getattr(self, k))
+                   for k in ("refine_alphas", "refine_minimax")}}
 
     def refine_settings(self, layout: ModelLayout | None = None) -> RefineSettings:
-        """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas, refine_group,
-        refine_distill and refine_gains_lr None: the layout's family's (families.py), else RefineSettings' defaults."""
+        """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas, refine_minimax,
+        refine_group, refine_distill and refine_gains_lr None: the layout's family's (families.py), else
+        RefineSettings' defaults."""
         family, given = dict(layout.refine if layout is not None else ()), {}
-        for name, setting in (("refine_lr", "learning_rate"), ("refine_alphas", "alphas"), ("refine_group", "group"),
-                              ("refine_distill", "distill"), ("refine_gains_lr", "gains_lr")):
+        for name, setting in (("refine_lr", "learning_rate"), ("refine_alphas", "alphas"), ("refine_minimax", "minimax"),
+                              ("refine_group", "group"), ("refine_distill", "distill"), ("refine_gains_lr", "gains_lr")):
             value = getattr(self, name) if getattr(self, name) is not None else family.get(name)
             if value is not None:
-                given[setting] = tuple(value) if setting == "alphas" else value
+                given[setting] = tuple(value) if setting in ("alphas", "minimax") else value
         return RefineSettings(steps=self.refine_steps, schedule=self.refine_schedule, gauge=self.refine_gauge, **given)
 
     @property

@@ -4,8 +4,10 @@ Weight matching minimises a distance between parameters; a merge needs a low los
 Theus et al.'s learned matching (Generalized LMC for Transformers), the continuous coordinates of the
 transform the descent found are refined by Adam steps on the task loss of points of the path
     theta(alpha) = alpha anchor + (1 - alpha) T(source)
-as stored (the weights a merge averages), alpha drawn uniformly from `alphas` at each step (seeded), over the
-data's batches in a fixed order, with a cosine-decayed learning rate, for a fixed number of steps; with a
+as stored (the weights a merge averages), alpha drawn uniformly from `alphas` at each step (seeded), or, with
+`minimax` points given, the point among them whose loss on the step's batch is the largest (min over T of the max
+over the points: the path's highest point is lowered, not one chosen in advance), over the data's batches in a
+fixed order, with a cosine-decayed learning rate, for a fixed number of steps; with a
 distillation weight w > 0 each step's loss is w times the cross-entropy of the point's predictions against the end
 models' own, mixed as the point mixes them (alpha p_anchor + (1 - alpha) p_source), plus (1 - w) times the task loss:
 - the residual rotation as R0 expm(S - S^T) (LayerNorm: on the complement of the all-ones vector);
@@ -50,6 +52,7 @@ class RefineSettings:
     learning_rate: float = 1e-2
     schedule: str = "cosine"                     # constant | cosine (decay to 0 over `steps`)
     alphas: tuple[float, float] = (0.5, 0.5)     # the path points read: alpha uniform in [lo, hi] (1 = anchor)
+    minimax: tuple[float, ...] = ()              # else each step at the one of these points with the largest loss
     group: str = "orthogonal"                    # orthogonal | general (the full linear group per head)
     gauge: bool = True                           # the path as stored, the unfolding gains learned
     distill: float = 0.0                         # the weight of the end models' predictions as targets (0: labels only)
@@ -64,6 +67,8 @@ class RefineSettings:
                                  f"from {SCHEDULES} and {GROUPS}")
         if len(self.alphas) != 2 or not 0 <= self.alphas[0] <= self.alphas[1] <= 1:
             raise SymfusionError(f"matching.refine_alphas={list(self.alphas)} must satisfy 0 <= lo <= hi <= 1")
+        if not all(0 <= alpha <= 1 for alpha in self.minimax):
+            raise SymfusionError(f"matching.refine_minimax={list(self.minimax)} must be points 0 <= alpha <= 1")
         if not 0 <= self.distill <= 1:
             raise SymfusionError(f"matching.refine_distill={self.distill} must satisfy 0 <= w <= 1")
         if not self.gains_lr > 0:
@@ -189,6 +194,7 @@ class _Path:
         self.model, self.layout, self.stream, self.fs, self.distill = model, layout, stream, fs, distill
         self.anchor = {k: v for k, v in anchor.items() if k != stream.tied_copy}
         self.ends = None
+        self._targets = None            # (batch, the two ends' predictions on it): a batch read at several points
 
     def moved(self, r, layers, gains) -> dict:
         """The source moved by R and the block transforms, unfolded with `gains` (None: left folded)."""
@@ -210,8 +216,10 @@ class _Path:
         out = self.output(self.params(r, layers, gains, alpha), batch)
         if not self.distill:
             return out.loss
-        with torch.no_grad():
-            anchor, source = (torch.softmax(self.output(params, batch).logits, -1) for params in self.ends)
+        if self._targets is None or self._targets[0] is not batch:
+            with torch.no_grad():
+                self._targets = (batch, *(torch.softmax(self.output(params, batch).logits, -1) for params in self.ends))
+        _, anchor, source = self._targets
         target = alpha * anchor + (1 - alpha) * source
         return self.distill * soft_cross_entropy(out.logits, target, batch["labels"]) + (1 - self.distill) * out.loss
 
@@ -272,16 +280,25 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     optimiser = torch.optim.Adam(groups, lr=settings.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda k: 1.0 if settings.schedule == "constant" else
                                                  0.5 * (1 + math.cos(math.pi * k / settings.steps)))
+    def highest(batch: dict) -> float:
+        """The minimax point with the largest loss on `batch` (the first of equal ones)."""
+        with torch.no_grad():
+            cur = state()
+            losses = [path.loss(*cur, alpha, batch).item() for alpha in settings.minimax]
+        return settings.minimax[losses.index(max(losses))]
+
     with torch.enable_grad():
         for step in range(settings.steps):
-            loss = path.loss(*state(), float(alphas[step]), batches[step % len(batches)])
+            batch = batches[step % len(batches)]
+            alpha = highest(batch) if settings.minimax else float(alphas[step])
+            loss = path.loss(*state(), alpha, batch)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
             schedule.step()
     after = midpoint_loss()
     info = {"steps": settings.steps, "learning_rate": settings.learning_rate, "schedule": settings.schedule,
-            "alphas": list(settings.alphas), "group": settings.group, "gauge": settings.gauge, "distill": settings.distill,
+            "alphas": list(settings.alphas), "minimax": list(settings.minimax), "group": settings.group, "gauge": settings.gauge, "distill": settings.distill,
             "gains_lr": settings.gains_lr,
             "batches": len(batches), "midpoint_loss_before": before, "midpoint_loss_after": after,
             "learned": ["residual"] * (residual is not None) + ["gains"] * bool(log_gains) +
