@@ -53,6 +53,7 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
 The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
 Evaluations are cached as JSON under --out, so a rerun computes only what is missing.
     python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
+        [--split validation]   (score on the validation split instead, cached apart: to choose a setting)
 """
 from __future__ import annotations
 
@@ -645,8 +646,8 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         return matched.state_dict(), report["residual"]
 
 
-def run(track: str, models: Path, pair: str, variant: str, out: Path) -> dict:
-    path = out / track / pair.replace(":", "-onto-") / f"{variant}.json"
+def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str = "test") -> dict:
+    path = out / (track if split == "test" else f"{track}-{split}") / pair.replace(":", "-onto-") / f"{variant}.json"
     if path.is_file():
         return json.loads(path.read_text())
     task_name, examples = TRACKS[track]
@@ -662,8 +663,8 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path) -> dict:
                         task, model_dir, (model, anchor_model), str(models / src_name))
     seconds = time.perf_counter() - start
     model.load_state_dict({k: 0.5 * (v + moved[k]) if v.is_floating_point() else v for k, v in anchor.items()})
-    merged = task.evaluate(model.eval(), "test", model_dir=model_dir)
-    path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, "test", model_dir=model_dir,
+    merged = task.evaluate(model.eval(), split, model_dir=model_dir)
+    path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, split, model_dir=model_dir,
                                                                          examples=examples))
     record = {"variant": variant, "pair": pair, "seconds": seconds, "folded_distance": info.get("folded_distance"),
               "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
@@ -719,24 +720,26 @@ def main() -> None:
                                                            "glmc_ffn", "circuits",
                                                            "identity_start", "multi_start"])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/ablation"))
+    parser.add_argument("--split", default="test", choices=["test", "validation"],
+                        help="the split the merges and paths are scored on (validation: to choose a setting)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for variant in args.variants:
         for pair in args.pairs:
-            r = run(args.track, args.models, pair, variant, args.out)
+            r = run(args.track, args.models, pair, variant, args.out, args.split)
             print(f"{args.track} {pair} {variant}: {r['seconds']:.1f} s, simple "
                   f"{r['simple'].get('accuracy', r['simple']['loss']):.4f}, barrier {r['barrier']:.4f} / "
                   f"{r['barrier_linear']:.4f}", flush=True)
     metric, scale = ("accuracy", 100.0) if args.track == "vit" else ("loss", 1.0)
-    base = {p: run(args.track, args.models, p, "full_symmetry", args.out) for p in args.pairs}
-    none = {p: run(args.track, args.models, p, "none", args.out) for p in args.pairs}
+    base = {p: run(args.track, args.models, p, "full_symmetry", args.out, args.split) for p in args.pairs}
+    none = {p: run(args.track, args.models, p, "none", args.out, args.split) for p in args.pairs}
     print(f"\nEffects vs full_symmetry: the mean over pairs with its 95% paired bootstrap interval over the test examples,"
           f" then the 95% t interval over the {len(args.pairs)} pairs (what another pair of end models may give)."
           f"\n\n| variant | simple ({metric}) per pair | barrier (max-min) per pair | % of unmatched (max-min, above "
           f"line) | simple vs full_symmetry | over pairs | barrier vs full_symmetry | over pairs | "
           f"above-line barrier vs full_symmetry |\n|" + "---|" * 9)
     for variant in args.variants:
-        records = [run(args.track, args.models, p, variant, args.out) for p in args.pairs]
+        records = [run(args.track, args.models, p, variant, args.out, args.split) for p in args.pairs]
         values = " / ".join(f"{r['simple'][metric] * scale:.2f}" for r in records)
         paths = " / ".join(f"{r['barrier']:.3f}" for r in records)
         ratios = [100 * sum(r[k] for r in records) / sum(none[p][k] for p in args.pairs)      # of the means over pairs
