@@ -10,12 +10,13 @@ merge's test metric and loss) and the spread (max - min over the runs) of the me
     python benchmarks/bench_stability_learned.py --anchor results/mini/vision/fashion_mnist/models/seed0 \\
         --source results/mini/vision/fashion_mnist/models/seed1 --task fashion_mnist [--seeds 1 2 3] \\
         [--eps 1e-7] [--matchings full_symmetry full_symmetry_learned] [--profile mini] [--data-split validation] \\
-        [--examples N]
+        [--examples N] [--refine-minimax 0.3 0.5 0.7]
 Goal (issue 33): the learned variant's Simple merge moves by at most 0.5 points on the mini ViT pair.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -42,10 +43,12 @@ def run(args, task, matching: str, seed: int | None) -> dict:
     anchor_model, source_model = load_model(args.anchor), load_model(args.source)
     anchor, source = anchor_model.state_dict(), perturbed(source_model.state_dict(), seed, args.eps)
     source_model.load_state_dict(source)
-    data = task.statistic_batches(args.data_batches, args.source, args.data_split) \
-        if matching_config(matching).needs_data else None
+    config = matching_config(matching)
+    if args.refine_minimax:                           # as matching.refine_minimax=[...] on symfusion-match
+        config = dataclasses.replace(config, refine_minimax=tuple(args.refine_minimax))
+    data = task.statistic_batches(args.data_batches, args.source, args.data_split) if config.needs_data else None
     start = time.perf_counter()                       # the one matching path: align(), as symfusion-match runs it
-    matched_model, report = symfusion.align(source_model, anchor_model, matching=matching, data=data)
+    matched_model, report = symfusion.align(source_model, anchor_model, matching=config, data=data)
     seconds = time.perf_counter() - start
     matched = matched_model.state_dict()
     anchor_model.load_state_dict(interpolate(anchor, matched, 0.5))
@@ -70,6 +73,8 @@ def main() -> None:
     parser.add_argument("--data-split", default=match_option("data_split"), choices=("train", "validation"),
                         help="as symfusion-match data_split")
     parser.add_argument("--examples", type=int, default=None, help="a seeded subset of the test split (default all)")
+    parser.add_argument("--refine-minimax", type=float, nargs="*", default=None,
+                        help="matching.refine_minimax for the learned matchings (path points)")
     args = parser.parse_args()
     task = make_task(args.task, load_group("profile", args.profile))
     scale = 100.0 if task.metric == "accuracy" else 1.0
