@@ -404,8 +404,9 @@ def scaled_stream(state: dict, c) -> dict:
 def stream_scale(moved: dict, anchor: dict, kind: str) -> float:
     """The scale c of the moved source's stream: `fit`, argmin_c sum ||W_a - c W_s||^2 over the writers
     (<W_a, W_s> / ||W_s||^2); `norm`, ||W_a|| / ||W_s|| (the two streams' writers equally large)."""
-    a = torch.cat([anchor[k].double().flatten() for k in stream_writers(moved)])
-    s = torch.cat([moved[k].double().flatten() for k in stream_writers(moved)])
+    writers = stream_writers(moved)
+    a = torch.cat([anchor[k].double().flatten() for k in writers])
+    s = torch.cat([moved[k].double().flatten() for k in writers])
     return float(a @ s / (s @ s)) if kind == "fit" else float(a.norm() / s.norm())
 
 

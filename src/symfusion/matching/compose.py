@@ -117,20 +117,16 @@ class MatchConfig:
         if self.refine_lr is not None:
             _number("refine_lr", self.refine_lr)
         _choice("refine_schedule", self.refine_schedule, REFINE_SCHEDULES)
-        if self.refine_alphas is not None:
-            if isinstance(self.refine_alphas, (str, bytes)) or not isinstance(self.refine_alphas, Sequence) \
-                    or len(self.refine_alphas) != 2:
-                raise SymfusionError(f"matching.refine_alphas={self.refine_alphas!r} must be a list [lo, hi] or null")
-            for alpha in self.refine_alphas:
-                _number("refine_alphas", alpha)
-            object.__setattr__(self, "refine_alphas", tuple(self.refine_alphas))   # a preset's list, kept as given
-        if self.refine_minimax is not None:
-            if isinstance(self.refine_minimax, (str, bytes)) or not isinstance(self.refine_minimax, Sequence):
-                raise SymfusionError(f"matching.refine_minimax={self.refine_minimax!r} must be a list of path points "
-                                     "or null")
-            for alpha in self.refine_minimax:
-                _number("refine_minimax", alpha)
-            object.__setattr__(self, "refine_minimax", tuple(self.refine_minimax))
+        for name, length, shape in (("refine_alphas", 2, "a list [lo, hi]"), ("refine_minimax", None,
+                                                                             "a list of path points")):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or length not in (None, len(value)):
+                raise SymfusionError(f"matching.{name}={value!r} must be {shape} or null")
+            for alpha in value:
+                _number(name, alpha)
+            object.__setattr__(self, name, tuple(value))               # a preset's list, kept as given
         if self.refine_group is not None:
             _choice("refine_group", self.refine_group, REFINE_GROUPS)
         _flag("refine_gauge", self.refine_gauge)
