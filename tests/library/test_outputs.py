@@ -94,6 +94,59 @@ def test_a_dead_writers_temp_is_removed_and_a_live_writers_is_kept(tmp_path):
     assert (unmarked / "notes.txt").read_text() == "mine"
 
 
+KILL_BEFORE_MARK = """
+import os, signal, sys
+from symfusion.io import marks
+from symfusion.io.outputs import safe_output, folder_marker
+def killed(folder, kind):
+    if {partial}:
+        (folder / marks.TEMP_MARK).write_text("symfusion te")
+    os.kill(os.getpid(), signal.SIGKILL)
+marks.mark = killed
+with safe_output(sys.argv[1], "test", folder_marker("stage.json", ("value",)), is_dir=True) as claim:
+    with claim.writing() as tmp:
+        pass
+"""
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["no mark", "half a mark"])
+def test_a_writer_killed_between_mkdtemp_and_its_mark_leaves_nothing_after_the_next_run(tmp_path, partial):
+    """SIGKILL after the temp folder is made and before its mark is whole (what .ci/run's interrupted rehearsal hit
+    once): an empty unmarked folder was left for good; the next writer of the output removes it."""
+    child = subprocess.run([sys.executable, "-c", KILL_BEFORE_MARK.format(partial=partial), str(tmp_path / "model")])
+    assert child.returncode == -signal.SIGKILL
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".model.tmp-")]
+    assert len(left) == 1 and sorted(os.listdir(left[0])) == ([marks.TEMP_MARK] if partial else [])
+    write_folder(tmp_path / "model", 1)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.tmp-")] == []
+    assert (tmp_path / "model" / "v").read_text() == "1"
+
+
+def test_only_a_killed_writers_empty_temp_is_removed_without_a_mark(tmp_path):
+    """What unmarked_leftover must not take for such a folder: a live writer's, another host's, a wrong mode or
+    name, one holding a user's file or another mark, a link to an empty folder."""
+    host, pid = outputs._HOST, dead_pid()
+    def made(name, mode=0o700, content=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        os.chmod(folder, mode)
+        if content is not None:
+            (folder / content[0]).write_text(content[1])
+        return folder
+    removed = made(f".model.tmp-{host}-{pid}-abc_1234")
+    kept = [made(f".model.tmp-{host}-{os.getppid()}-abcd1234"),                    # a live writer
+            made(f".model.tmp-elsewhere-{pid}-abcd1234"),                          # another machine's
+            made(f".model.tmp-{host}-{pid}-abcd1235", mode=0o755),                  # not mkdtemp's mode
+            made(f".model.tmp-{host}-{pid}-user"),                                 # not mkdtemp's name
+            made(f".model.tmp-{host}-{pid}-abcd1236", content=("notes.txt", "")),   # a user's (empty) file
+            made(f".model.tmp-{host}-{pid}-abcd1237", content=(marks.TEMP_MARK, "my notes\n"))]
+    os.symlink(made("empty", mode=0o700), tmp_path / f".model.tmp-{host}-{pid}-abcd1238")
+    kept.append(tmp_path / f".model.tmp-{host}-{pid}-abcd1238")
+    write_folder(tmp_path / "model", 1)
+    assert not removed.exists() and all(os.path.lexists(k) for k in kept)
+    assert (tmp_path / "empty").is_dir()
+
+
 def test_a_displaced_old_result_is_restored_when_its_writer_died_between_two_renames(tmp_path, monkeypatch):
     write_folder(tmp_path / "model", 1)
     monkeypatch.setattr(outputs, "exchange", lambda a, b: False)       # a file system without renameat2

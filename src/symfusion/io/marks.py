@@ -4,7 +4,10 @@ A writer keeps files beside its outputs (a lock, a temp folder, a trainer's chec
 names anyone who may write into the folder can predict. So nothing is trusted by its name alone:
 - a folder is this writer's only when it is a real folder (no symbolic link) of this user holding TEMP_MARK,
   "symfusion KIND HOST PID", written when the folder was made (`marked_folder`); cleanup removes only such
-  folders (`remove_own`), and a killed writer's folder is recognised by the pid in its mark, not its name;
+  folders (`remove_own`), and a killed writer's folder is recognised by the pid in its mark, not its name; the
+  one exception is a writer killed between mkdtemp and its mark: an empty folder (or one holding only the start
+  of the mark) of this user, mode 0700, named NAME.tmp-HOST-PID-XXXXXXXX for this host and a dead pid
+  (`unmarked_leftover`): emptied, nothing of anyone's is lost;
 - a file is read only when it is a plain file of this user, opened without following a link (`read_own`): a
   cache entry or checkpoint someone else planted is never read;
 - a lock file is created new (O_EXCL) or taken over only when it is a plain file of this user with one name
@@ -147,6 +150,31 @@ def marked_folder(parent: Path, prefix: str, kind: str = "temp") -> Path:
             shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
+
+
+def unmarked_leftover(folder: Path, prefix: str) -> bool:
+    """Whether `folder` is what `marked_folder(parent, prefix + "HOST-PID-")` leaves when its writer is killed after
+    mkdtemp and before its mark is whole: a real folder of this user with mkdtemp's mode (0700) and name (8 of its
+    characters after this host and a dead pid), holding nothing or only the start of its own mark. Such a folder
+    can be removed (`os.rmdir`) without losing anything; anything else never matches."""
+    folder = Path(folder)
+    found = re.fullmatch(re.escape(prefix) + re.escape(HOST) + r"-(\d+)-[a-z0-9_]{8}", folder.name)
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    if found is None or not stat.S_ISDIR(info.st_mode) or not _owned(info) or stat.S_IMODE(info.st_mode) != 0o700:
+        return False
+    pid = int(found.group(1))
+    if pid == os.getpid() or pid_alive(pid):
+        return False
+    entries = os.listdir(folder)
+    if entries == []:
+        return True
+    if entries != [TEMP_MARK]:
+        return False
+    partial = read_own(folder / TEMP_MARK, limit=4096)
+    return partial is not None and f"symfusion temp {HOST} {pid}\n".encode().startswith(partial)
 
 
 def remove_own(path: Path, kind: str | None = None) -> bool:

@@ -12,7 +12,8 @@ Every writer of symfusion goes through `claim_output` before it does any work:
 - leftovers of killed writers are dealt with first: every temp is a folder `.NAME.tmp-HOST-PID-*` that carries
   its writer's mark (TEMP_MARK inside: who made it); one of a dead writer of this host is removed (and an old
   result it had displaced restored when the output itself is missing), one of a live writer is left alone,
-  and anything without this user's mark (a link, a user's folder, another user's file) is never touched.
+  and anything without this user's mark (a link, a user's folder, another user's file) is never touched, save
+  the empty folder of a writer killed between mkdtemp and its mark (`marks.unmarked_leftover`: removed).
 A folder output also lists what it holds (`.symfusion-files.json`, written last into the temp folder): a
 previous folder is replaced only when it holds exactly what that list says, so a file a user put into it
 (or changed since) is never deleted by a rerun; the command refuses, naming the file.
@@ -39,8 +40,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from symfusion.errors import SymfusionError, as_symfusion_error
-from symfusion.io.marks import HOST as _HOST, interrupts_held, marked_folder, open_lock, own_folder, pid_alive, \
-    remove_own
+from symfusion.io.marks import HOST as _HOST, TEMP_MARK, interrupts_held, marked_folder, open_lock, own_folder, \
+    pid_alive, remove_own, unmarked_leftover
 
 FILES_LIST = ".symfusion-files.json"         # in every folder output: what the writer put there
 _RENAME_NOREPLACE = 1
@@ -258,7 +259,8 @@ def _acquire_lock(path: Path) -> int:
 
 def recover_leftovers(path: Path) -> None:
     """Remove the marked temps of dead writers on this host (restoring an old result one of them had displaced,
-    when the output itself is missing); anything without this user's mark stays untouched."""
+    when the output itself is missing), and the empty folders of writers killed before their mark was written;
+    anything else without this user's mark stays untouched."""
     parent = path.parent
     if not parent.is_dir():
         return
@@ -267,6 +269,10 @@ def recover_leftovers(path: Path) -> None:
         if not item.name.startswith(prefix):
             continue
         writer = own_folder(item)
+        if writer is None and unmarked_leftover(item, prefix):    # killed between mkdtemp and its mark: empty
+            (item / TEMP_MARK).unlink(missing_ok=True)
+            os.rmdir(item)
+            continue
         if writer is None or writer[0] != _HOST or pid_alive(writer[1]):
             continue
         old = item / "old"
