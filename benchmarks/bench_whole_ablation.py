@@ -20,7 +20,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              scale=F learns the ViT's residual-stream scale (VARIANT+scale) at F x lr, from 1;
                              minimax=F is matching.refine_minimax=[0.5 - F, 0.5, 0.5 + F] (each step at the highest
                              of the three points on its batch instead of the midpoint), minimax_points=N N points
-                             evenly from 0.5 - F to 0.5 + F;
+                             evenly from 0.5 - F to 0.5 + F (the ViT's default: 0.2, 3), minimax=off none (each
+                             step at alpha drawn in refine_alphas: the midpoint);
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
                              split=test refines on the test split (an oracle: the floor of the group, not a result)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
@@ -595,7 +596,8 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         scale = settings.pop("scale", 0)                              # the stream's scale learned at this x lr
         if "minimax" in settings:                                     # steps at the highest of three path points
             spread, n = settings.pop("minimax"), settings.pop("minimax_points", 3)
-            settings["refine_minimax"] = tuple(round(0.5 - spread + 2 * spread * i / (n - 1), 10) for i in range(n))
+            settings["refine_minimax"] = () if spread == "off" else \
+                tuple(round(0.5 - spread + 2 * spread * i / (n - 1), 10) for i in range(n))
         correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
         split = settings.pop("split", match_option("data_split"))       # test: an oracle (the split that scores it)
         if split == "test":

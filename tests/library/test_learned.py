@@ -201,27 +201,32 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
 
 @pytest.mark.parametrize("kind,family,overrides", REFINED[:2], ids=REFINED_IDS[:2])
 def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_wins(kind, family, overrides):
-    """refine_lr / refine_alphas / refine_group null (the presets): the family's (families.py: RefineSettings' own
-    defaults for the ViT, DECODER_REFINE for decoders), which the refinement reports using; a value given wins."""
+    """refine_lr / refine_alphas / refine_minimax / refine_group null (the presets): the family's (families.py:
+    VIT_REFINE for the ViT, DECODER_REFINE for decoders, RefineSettings' own defaults for the rest), which the
+    refinement reports using; a value given wins ([] for refine_minimax: none)."""
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
-    expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_group": "orthogonal", "refine_distill": 0.0,
-                "refine_gains_lr": 1.0, **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
+    expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_minimax": (), "refine_group": "orthogonal",
+                "refine_distill": 0.0, "refine_gains_lr": 1.0,
+                **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
     learned = matching_config("full_symmetry_learned")
     assert (learned.refine_lr, learned.refine_alphas, learned.refine_group, learned.refine_distill,
             learned.refine_gains_lr) == (None,) * 5
     settings = learned.refine_settings(layout)
-    assert (settings.learning_rate, settings.alphas, settings.group, settings.distill, settings.gains_lr) == \
-        (expected["refine_lr"], tuple(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"],
-         expected["refine_gains_lr"])
+    assert (settings.learning_rate, settings.alphas, settings.minimax, settings.group, settings.distill,
+            settings.gains_lr) == \
+        (expected["refine_lr"], tuple(expected["refine_alphas"]), tuple(expected["refine_minimax"]),
+         expected["refine_group"], expected["refine_distill"], expected["refine_gains_lr"])
     given = dataclasses.replace(learned, refine_lr=0.2, refine_alphas=(0.25, 0.75), refine_group="general",
-                                refine_gains_lr=3.0)
+                                refine_gains_lr=3.0, refine_minimax=())      # [] given: no minimax points
     assert (given.refine_settings(layout).learning_rate, given.refine_settings(layout).alphas,
-            given.refine_settings(layout).group, given.refine_settings(layout).gains_lr) == (0.2, (0.25, 0.75), "general", 3.0)
+            given.refine_settings(layout).minimax, given.refine_settings(layout).group,
+            given.refine_settings(layout).gains_lr) == (0.2, (0.25, 0.75), (), "general", 3.0)
     refine = _refine(kind, family, overrides)[2].residual["refine"]
-    assert (refine["learning_rate"], refine["alphas"], refine["group"], refine["distill"], refine["gains_lr"]) == \
-        (expected["refine_lr"], list(expected["refine_alphas"]), expected["refine_group"], expected["refine_distill"],
-         expected["refine_gains_lr"])
+    assert (refine["learning_rate"], refine["alphas"], refine["minimax"], refine["group"], refine["distill"],
+            refine["gains_lr"]) == \
+        (expected["refine_lr"], list(expected["refine_alphas"]), list(expected["refine_minimax"]),
+         expected["refine_group"], expected["refine_distill"], expected["refine_gains_lr"])
 
 
 def test_soft_cross_entropy_on_one_hot_targets_is_the_task_loss():
@@ -283,7 +288,7 @@ def test_minimax_steps_are_taken_at_the_highest_of_the_points(monkeypatch):
         all(a == 0.5 and not grad for a, grad, _ in calls[steps[-1] + 1:])
     monkeypatch.setattr(learned._Path, "loss", original)
     one = _refine("enc", "vit", {}, refine_minimax=(0.3,))[2].transform
-    fixed = _refine("enc", "vit", {}, refine_alphas=(0.3, 0.3))[2].transform
+    fixed = _refine("enc", "vit", {}, refine_alphas=(0.3, 0.3), refine_minimax=())[2].transform   # [] : none
     assert torch.equal(one.residual.r, fixed.residual.r)
     assert all(torch.equal(one.residual.gains[k], fixed.residual.gains[k]) for k in fixed.residual.gains)
 
