@@ -52,7 +52,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              closest to the anchor's (least squares; every reader is a LayerNorm: exact up to eps)
     VARIANT+scale_norm       the same with c the ratio of the two models' writer norms (equal stream magnitudes)
 The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
-Evaluations are cached as JSON under --out, so a rerun computes only what is missing.
+Evaluations are cached as JSON under --out, so a rerun computes only what is missing (a learned variant's also
+when the refinement's defaults changed since: families.py, the preset).
     python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
         [--split validation]   (score on the validation split instead, cached apart: to choose a setting)
 """
@@ -649,10 +650,19 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         return matched.state_dict(), report["residual"]
 
 
+def refine_defaults() -> str:
+    """What a learned variant's result rests on beside its name: the preset's and every family's refinement
+    defaults (a cached learned result made under other defaults is made again)."""
+    return repr((matching_config("full_symmetry_learned"), sorted((n, f.refine) for n, f in FAMILIES.items())))
+
+
 def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str = "test") -> dict:
     path = out / (track if split == "test" else f"{track}-{split}") / pair.replace(":", "-onto-") / f"{variant}.json"
+    defaults = refine_defaults() if learned_variant(variant.split("+")[0]) is not None else None   # VARIANT+biases
     if path.is_file():
-        return json.loads(path.read_text())
+        cached = json.loads(path.read_text())
+        if cached.get("refine_defaults") == defaults:
+            return cached
     task_name, examples = TRACKS[track]
     src_name, anc_name = pair.split(":")
     model, anchor_model = load_model(str(models / src_name)), load_model(str(models / anc_name))
@@ -669,7 +679,7 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str
     merged = task.evaluate(model.eval(), split, model_dir=model_dir)
     path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, split, model_dir=model_dir,
                                                                          examples=examples))
-    record = {"variant": variant, "pair": pair, "seconds": seconds, "folded_distance": info.get("folded_distance"),
+    record = {"variant": variant, "pair": pair, "refine_defaults": defaults, "seconds": seconds, "folded_distance": info.get("folded_distance"),
               "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
               "barrier": path_result["barrier"], "barrier_linear": path_result["barrier_linear"],
               "path": [{"alpha": p["alpha"], "loss": p["loss"], "per_example": p["per_example"]} for p in path_result["path"]]}
