@@ -339,9 +339,9 @@ def selected_path(recorded: dict):
     """learned._Path whose loss calls record the path and their (R, layers, gains) in `recorded`."""
 
     class Recording(learned_module._Path):
-        def loss(self, r, layers, gains, alpha, batch):
+        def loss(self, r, layers, gains, alpha, batch, moved=None):
             recorded["path"], recorded["args"] = self, (r, layers, gains)
-            return super().loss(r, layers, gains, alpha, batch)
+            return super().loss(r, layers, gains, alpha, batch, moved)
     return Recording
 
 

@@ -258,15 +258,18 @@ def test_the_refinement_with_distillation_lowers_its_objective_and_keeps_the_fun
 
 
 def test_minimax_steps_are_taken_at_the_highest_of_the_points(monkeypatch):
-    """refine_minimax: every step's gradient is taken at the point whose loss on that step's batch is the largest
-    (read without gradients at each point just before); the keep-or-not check still reads the midpoint; one point
-    is the same refinement as alpha fixed there (refine_alphas [a, a]), to the bit."""
-    calls = []
+    """refine_minimax: every step reads its batch at each point (with gradients) and backpropagates the loss of the
+    point where it is the largest; the keep-or-not check still reads the midpoint; one point is the same
+    refinement as alpha fixed there (refine_alphas [a, a]), to the bit."""
+    calls, backward = [], []
     original = learned._Path.loss
 
-    def recording(self, r, layers, gains, alpha, batch):
-        value = original(self, r, layers, gains, alpha, batch)
+    def recording(self, r, layers, gains, alpha, batch, moved=None):
+        value = original(self, r, layers, gains, alpha, batch, moved)
         calls.append((alpha, torch.is_grad_enabled(), value.item()))
+        if value.requires_grad:
+            index = len(calls) - 1
+            value.register_hook(lambda grad: backward.append(index))
         return value
 
     monkeypatch.setattr(learned._Path, "loss", recording)
@@ -274,18 +277,19 @@ def test_minimax_steps_are_taken_at_the_highest_of_the_points(monkeypatch):
     _, _, result = _refine("enc", "vit", {}, refine_minimax=points, refine_distill=0.5)
     refine = result.residual["refine"]
     assert refine["minimax"] == list(points)
-    steps = [i for i, (_, grad, _) in enumerate(calls) if grad]
-    assert len(steps) == 30
+    assert len(backward) == 30                                       # one backward pass per step
+    reads = [i for i, (_, grad, _) in enumerate(calls) if grad]
+    assert len(reads) == 3 * 30
     chosen = []
-    for i in steps:
-        read = calls[i - len(points):i]
-        assert [a for a, grad, _ in read] == list(points) and not any(grad for _, grad, _ in read)
-        highest = max(read, key=lambda c: c[2])
-        assert calls[i][0] == highest[0] and calls[i][2] == highest[2]     # the same loss, now with gradients
-        chosen.append(calls[i][0])
+    for step in range(30):
+        read = reads[3 * step:3 * step + 3]
+        assert [calls[i][0] for i in read] == list(points)
+        highest = max(read, key=lambda i: calls[i][2])             # the first of equal ones
+        assert backward[step] == highest
+        chosen.append(calls[highest][0])
     assert len(set(chosen)) > 1 or chosen[0] != 0.5                 # the max is not always the midpoint here
-    assert all(a == 0.5 for a, grad, _ in calls[:steps[0] - len(points)]) and \
-        all(a == 0.5 and not grad for a, grad, _ in calls[steps[-1] + 1:])
+    assert all(a == 0.5 and not grad for a, grad, _ in calls[:reads[0]]) and \
+        all(a == 0.5 and not grad for a, grad, _ in calls[reads[-1] + 1:])
     monkeypatch.setattr(learned._Path, "loss", original)
     one = _refine("enc", "vit", {}, refine_minimax=(0.3,))[2].transform
     fixed = _refine("enc", "vit", {}, refine_alphas=(0.3, 0.3), refine_minimax=())[2].transform   # [] : none

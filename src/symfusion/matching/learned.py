@@ -201,8 +201,9 @@ class _Path:
         moved = apply_blocks(rotate_stream(self.fs, self.stream, r), self.layout, layers)
         return moved if gains is None else unfold_norms(moved, self.stream.folds, gains)
 
-    def params(self, r, layers, gains, alpha: float) -> dict:
-        moved = self.moved(r, layers, gains)
+    def params(self, r, layers, gains, alpha: float, moved: dict | None = None) -> dict:
+        """The point at alpha (1 = anchor); `moved`: self.moved(r, layers, gains), when already computed."""
+        moved = self.moved(r, layers, gains) if moved is None else moved
         point = {k: alpha * a + (1 - alpha) * moved[k] if a.is_floating_point() else a for k, a in self.anchor.items()}
         return self.layout.stored_form(point) if self.layout.stored else point
 
@@ -212,8 +213,8 @@ class _Path:
             raise SymfusionError("matching.refine=loss needs batches with labels (the model's own loss)")
         return out
 
-    def loss(self, r, layers, gains, alpha: float, batch: dict) -> torch.Tensor:
-        out = self.output(self.params(r, layers, gains, alpha), batch)
+    def loss(self, r, layers, gains, alpha: float, batch: dict, moved: dict | None = None) -> torch.Tensor:
+        out = self.output(self.params(r, layers, gains, alpha, moved), batch)
         if not self.distill:
             return out.loss
         if self._targets is None or self._targets[0] is not batch:
@@ -280,18 +281,22 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
     optimiser = torch.optim.Adam(groups, lr=settings.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda k: 1.0 if settings.schedule == "constant" else
                                                  0.5 * (1 + math.cos(math.pi * k / settings.steps)))
-    def highest(batch: dict) -> float:
-        """The minimax point with the largest loss on `batch` (the first of equal ones)."""
-        with torch.no_grad():
-            cur = state()
-            losses = [path.loss(*cur, alpha, batch).item() for alpha in settings.minimax]
-        return settings.minimax[losses.index(max(losses))]
+    def highest(batch: dict) -> torch.Tensor:
+        """The loss on `batch` at the minimax point where it is largest (the first of equal ones), with its graph:
+        the source moved once for every point, each point's graph dropped once a higher one is found."""
+        cur = state()
+        moved = path.moved(*cur)
+        top = None
+        for alpha in settings.minimax:
+            loss = path.loss(*cur, alpha, batch, moved)
+            if top is None or loss.item() > top.item():
+                top = loss
+        return top
 
     with torch.enable_grad():
         for step in range(settings.steps):
             batch = batches[step % len(batches)]
-            alpha = highest(batch) if settings.minimax else float(alphas[step])
-            loss = path.loss(*state(), alpha, batch)
+            loss = highest(batch) if settings.minimax else path.loss(*state(), float(alphas[step]), batch)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
