@@ -679,8 +679,8 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str
     merged = task.evaluate(model.eval(), split, model_dir=model_dir)
     path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, split, model_dir=model_dir,
                                                                          examples=examples))
-    record = {"variant": variant, "pair": pair, "refine_defaults": defaults, "seconds": seconds, "folded_distance": info.get("folded_distance"),
-              "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
+    record = {"variant": variant, "pair": pair, "refine_defaults": defaults, "seconds": seconds,
+              "folded_distance": info.get("folded_distance"), "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
               "barrier": path_result["barrier"], "barrier_linear": path_result["barrier_linear"],
               "path": [{"alpha": p["alpha"], "loss": p["loss"], "per_example": p["per_example"]} for p in path_result["path"]]}
     path.parent.mkdir(parents=True, exist_ok=True)

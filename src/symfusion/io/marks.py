@@ -131,9 +131,13 @@ def own_folder(path: Path, kind: str | None = None) -> tuple[str, int] | None:
     return parts[2], int(parts[3])
 
 
+def _mark_line(kind: str, pid: int) -> str:
+    return f"symfusion {kind} {HOST} {pid}\n"
+
+
 def mark(folder: Path, kind: str) -> Path:
     """Put this writer's mark of `kind` into a folder it has just made; the folder."""
-    (Path(folder) / TEMP_MARK).write_text(f"symfusion {kind} {HOST} {os.getpid()}\n")
+    (Path(folder) / TEMP_MARK).write_text(_mark_line(kind, os.getpid()))
     return Path(folder)
 
 
@@ -166,7 +170,7 @@ def unmarked_leftover(folder: Path, prefix: str) -> bool:
     if found is None or not stat.S_ISDIR(info.st_mode) or not _owned(info) or stat.S_IMODE(info.st_mode) != 0o700:
         return False
     pid = int(found.group(1))
-    if pid == os.getpid() or pid_alive(pid):
+    if pid_alive(pid):                                  # this process included
         return False
     entries = os.listdir(folder)
     if entries == []:
@@ -174,7 +178,7 @@ def unmarked_leftover(folder: Path, prefix: str) -> bool:
     if entries != [TEMP_MARK]:
         return False
     partial = read_own(folder / TEMP_MARK, limit=4096)
-    return partial is not None and f"symfusion temp {HOST} {pid}\n".encode().startswith(partial)
+    return partial is not None and _mark_line("temp", pid).encode().startswith(partial)
 
 
 def remove_own(path: Path, kind: str | None = None) -> bool:

@@ -286,11 +286,11 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
         the source moved once for every point, each point's graph dropped once a higher one is found."""
         cur = state()
         moved = path.moved(*cur)
-        top = None
+        top, top_value = None, -math.inf
         for alpha in settings.minimax:
             loss = path.loss(*cur, alpha, batch, moved)
-            if top is None or loss.item() > top.item():
-                top = loss
+            if top is None or loss.item() > top_value:
+                top, top_value = loss, loss.item()
         return top
 
     with torch.enable_grad():
