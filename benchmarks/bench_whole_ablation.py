@@ -10,6 +10,7 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry            the default (matching/whole.py)
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
                              (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
+    full_symmetry_synthetic  the library's data-free refinement (matching/synthetic.py: distilled on smooth noise)
     full_symmetry_learned:refine_gains_lr=1,refine_distill=0
                              the same with matching settings overridden (numbers, words); batches=N reads N batches,
                              join=K concatenates each K of them into one step's batch; average=F averages the
@@ -23,7 +24,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              evenly from 0.5 - F to 0.5 + F (the ViT's default: 0.2, 3), minimax=off none (each
                              step at alpha drawn in refine_alphas: the midpoint);
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
-                             split=test refines on the test split (an oracle: the floor of the group, not a result)
+                             split=test refines on the test split (an oracle: the floor of the group, not a result);
+                             inputs=K (gauss, smooth, smoother, blur with width=N, pink) refines on noise images
+                             instead, distilled only (how full_symmetry_synthetic's inputs were chosen)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -551,6 +554,34 @@ def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) 
     return config, patches
 
 
+def noise_batches(batches: list[dict], kind: str, width: int = 5) -> list[dict]:
+    """Batches shaped like `batches` whose images are noise in the models' normalised input space (each channel
+    mean 0, variance 1, as the task's preprocessing makes its inputs) and whose labels are random (the
+    refinement is then distilled only: each step's target is the end models' predictions on the noise).
+    gauss: every pixel N(0, 1); smooth / smoother / blur: N(0, 1) blurred twice by a 5 x 5 / 9 x 9 / width x width
+    box; pink: N(0, 1) with
+    its spectrum's amplitude divided by the frequency |f| (natural images' 1 / f); each standardised per image."""
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for batch in batches:
+        x = torch.randn(batch["pixel_values"].shape, generator=generator)   # (batch, channels, height, width)
+        if kind in ("smooth", "smoother", "blur"):
+            c, k = x.shape[1], {"smooth": 5, "smoother": 9}.get(kind, width)
+            box = torch.full((c, 1, k, k), 1 / k ** 2)
+            for _ in range(2):
+                x = torch.nn.functional.conv2d(x, box, padding=k // 2, groups=c)
+        elif kind == "pink":                                          # amplitude 1 / |f|, natural images' spectrum
+            fy = torch.fft.fftfreq(x.shape[2])[:, None]
+            fx = torch.fft.rfftfreq(x.shape[3])[None, :]
+            f = (fy ** 2 + fx ** 2).sqrt().clamp_min(1 / max(x.shape[2:]))
+            x = torch.fft.irfft2(torch.fft.rfft2(x) / f, s=x.shape[2:])
+        elif kind != "gauss":
+            raise SystemExit(f"inputs={kind}: gauss, smooth, smoother, blur or pink")
+        x = (x - x.mean((2, 3), keepdim=True)) / x.std((2, 3), keepdim=True)
+        out.append({"pixel_values": x, "labels": torch.randint(0, 10, batch["labels"].shape, generator=generator)})
+    return out
+
+
 def learned_variant(variant: str) -> tuple[str, dict] | None:
     """(the descent's variant, the refinement's settings) of a learned variant, None for a data-free one:
     full_symmetry_learned[:KEY=VALUE,...] refines full_symmetry's descent, learned_on:VARIANT refines VARIANT's."""
@@ -580,6 +611,9 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         return source, {}
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
+    if variant == "full_symmetry_synthetic":                           # the library's data-free refinement
+        matched, report = symfusion.align(*modules, matching=variant)
+        return matched.state_dict(), report["residual"]
     learned = learned_variant(variant)
     config, patches = descent_variant(variant if learned is None else learned[0], layout, task, model_dir, modules,
                                       source_dir)
@@ -595,6 +629,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         select = settings.pop("select", 0)                            # every select-th iterate a checkpoint
         translate = settings.pop("biases", 0)                         # bias translations learned at this x lr
         scale = settings.pop("scale", 0)                              # the stream's scale learned at this x lr
+        inputs = settings.pop("inputs", None)                         # gauss / smooth / ...: data-free noise
         if "minimax" in settings:                                     # steps at the highest of three path points
             spread, n = settings.pop("minimax"), settings.pop("minimax_points", 3)
             settings["refine_minimax"] = () if spread == "off" else \
@@ -608,6 +643,9 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         if joined > 1:
             batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
                        for i in range(0, len(batches), joined)]
+        if inputs:                                                    # no data: noise inputs, distilled only
+            batches = noise_batches(batches, inputs, settings.pop("width", 5))
+            settings.setdefault("refine_distill", 1.0)
         refined = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale, **settings)
         if averaged:
             stack.enter_context(replaced(learned_module.torch.optim, "Adam",
@@ -658,7 +696,8 @@ def refine_defaults() -> str:
 
 def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str = "test") -> dict:
     path = out / (track if split == "test" else f"{track}-{split}") / pair.replace(":", "-onto-") / f"{variant}.json"
-    defaults = refine_defaults() if learned_variant(variant.split("+")[0]) is not None else None   # VARIANT+biases
+    base = variant.split("+")[0]                                                                     # VARIANT+biases
+    defaults = refine_defaults() if learned_variant(base) is not None or base == "full_symmetry_synthetic" else None
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached.get("refine_defaults") == defaults:

@@ -10,7 +10,8 @@
   memory-mapped shards (io/sharded.py: any model size, each block checked, and the whole model's outputs when
   it is small); the whole-group variants likewise (io/sharded_whole.py) unless the pair fits in memory
   (in_memory=None: both under io.checks.WHOLE_MODEL_CHECK_BYTES in float32), where they run as for two
-  nn.Modules (io/loaded.py); the data-driven variants load both models (they run them on `data`).
+  nn.Modules (io/loaded.py); the variants that run the models load both (on `data`, or refine=synthetic on its own
+  inputs).
 symfusion-match is this function on folders. The report is one format for every entry (a folder's match.json):
 the matching, the parameters' distance before and after (total and by module type; tied tensors once), the
 functional check, seconds per stage and the transform (a symmetry.Transform; folders also get
@@ -49,7 +50,8 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
     matching: a matching preset (symfusion/presets/matching/: rotation, rotation_no_rescale, attn_only, ffn_only,
-    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, ...) or a MatchConfig. layers /
+    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, full_symmetry_synthetic (no data: image models),
+    ...) or a MatchConfig. layers /
     last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
     activations or the loss (full_symmetry_learned). in_memory (folders, whole-group variants): True loads both
     models, False streams their layers, None loads them when they are small. record: more fields for the report
@@ -173,7 +175,7 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name
     # a new folder, or a previous matched folder; never an input
     with safe_output(output, WRITER, MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
-            if config.needs_data or (config.residual != "none" and (
+            if config.runs_models or (config.residual != "none" and (
                     in_memory or (in_memory is None and _fits_in_memory(source, anchor)))):
                 transform, fields = match_folders_in_memory(source, anchor, output, config, layers, last_layers,
                                                             tolerance, data, tmp=tmp)

@@ -1,7 +1,8 @@
 """Matching models held in memory: two nn.Modules, or two model folders loaded whole and the matched one written in the source folder's layout.
 
 align() on nn.Modules matches here; so does align() on folders where the whole models are needed or cheap:
-the data-driven variants (residual_solve=activations, refine=loss run the models on data) and the whole-group
+the variants that run the models (residual_solve=activations, refine=loss on data, refine=synthetic on inputs it
+makes) and the whole-group
 variants of a pair that fits in memory (there the in-memory descent of matching/whole.py is exact, where the
 streamed one of sharded_whole.py agrees with it to rounding). The maths is one call of match_models; what is
 reported is the same for both entries: the parameters' distance before and after (measures.parameter_distance:
@@ -54,7 +55,7 @@ def _match(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig
     layout = layout_of(source.config, state)
     check_same_layout(layout, layout_of(anchor.config, anchor_state))
     start = time.perf_counter()
-    match_data = MatchData(copy.deepcopy(source).float(), list(data)) if data else None
+    match_data = MatchData(copy.deepcopy(source).float(), list(data or [])) if data or config.runs_models else None
     result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
                           tied=tied(source))
     moved = apply_transform(state, layout, result.transform)

@@ -133,9 +133,10 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
                         tmp: Path | None = None) -> tuple[Transform, dict]:
     """Match the source folder onto the anchor folder over the whole group, streaming layers; write the matched
     folder into `tmp` (or `output`); returns (transform, report). Memory: a few layers and the outside tensors."""
-    if config.needs_data:
-        raise SymfusionError("matching.residual_solve=activations and matching.refine=loss run the models on data: "
-                             "load them and call align() on the modules (with data=...), or use symfusion-match")
+    if config.runs_models:
+        raise SymfusionError("matching.residual_solve=activations, matching.refine=loss and refine=synthetic run the "
+                             "models: load them and call align() on the modules (with data=... where it reads data), "
+                             "or use symfusion-match")
     src, anc, src_meta, layout = open_pair(source, anchor)
     stream = stream_layout(layout, src_meta, tied=bool(getattr(src.config, "tie_word_embeddings", False)))
     pair = _Pair(src, anc, layout, stream)

@@ -45,7 +45,7 @@ ATTENTION_CHOICES = ("none", "rotation", "permutation")
 FFN_CHOICES = ("none", "permutation", "ot")
 RESIDUAL_CHOICES = ("none", "permutation", "orthogonal", "auto")
 RESIDUAL_SOLVES = ("weights", "activations")
-REFINE_CHOICES = ("none", "loss")
+REFINE_CHOICES = ("none", "loss", "synthetic")
 MULTI_CHOICES = ("anchor", "barycenter")     # k >= 2 models (matching/multi.py): each onto the first, or a barycenter
 # Keys of a matching preset that are not MatchConfig fields: its name, its label in tables, the k-model method.
 PRESET_KEYS = ("name", "label", "multi")
@@ -78,7 +78,8 @@ class MatchConfig:
     for RMSNorm), orthogonal (pre-norm families, norms folded) or auto (orthogonal where exact).
     residual_solve: its first estimate from the weights no block touches, or from the two models'
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
-    the continuous part of the symmetry (matching/learned.py, needs data), as the refine_* settings say
+    the continuous part of the symmetry (matching/learned.py, needs data), `synthetic` the same distilled on
+    smooth-noise images instead of data (matching/synthetic.py: image models, no data), as the refine_* settings say
     (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_minimax, refine_group,
     refine_distill and refine_gains_lr None = the family's (families.py, `refine`; else RefineSettings' defaults).
     This declaration is the one place that says what each setting may be: the presets, align() and every
@@ -161,12 +162,22 @@ class MatchConfig:
             value = getattr(self, name) if getattr(self, name) is not None else family.get(name)
             if value is not None:
                 given[setting] = tuple(value) if setting in ("alphas", "minimax") else value
+        if self.refine == "synthetic":                 # the inputs' labels are noise: the end models are the targets
+            if self.refine_distill not in (None, 1, 1.0):
+                raise SymfusionError(f"matching.refine=synthetic distils only (its labels are random): refine_distill="
+                                     f"{self.refine_distill!r} must be 1 or null")
+            given["distill"] = 1.0
         return RefineSettings(steps=self.refine_steps, schedule=self.refine_schedule, gauge=self.refine_gauge, **given)
 
     @property
     def needs_data(self) -> bool:
         """Whether the matching reads the models' activations or loss (residual_solve=activations, refine=loss)."""
         return self.residual_solve == "activations" or self.refine == "loss"
+
+    @property
+    def runs_models(self) -> bool:
+        """Whether the matching runs the models (needs_data, or refine=synthetic on inputs it makes itself)."""
+        return self.needs_data or self.refine == "synthetic"
 
     def blocks(self) -> "MatchConfig":
         """The same matching without the residual stream (the block solves of the coordinate descent)."""

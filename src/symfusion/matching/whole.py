@@ -35,6 +35,7 @@ from symfusion.matching.continuous import MAX_INNER, TOL
 from symfusion.matching.descent import MAX_OUTER, descend
 from symfusion.matching.pairs import StatePair, distance_of, paper_lower_bound, parts
 from symfusion.matching.learned import refine_by_loss
+from symfusion.matching.synthetic import SyntheticBatches, check_images
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
 from symfusion.measures import distance
@@ -47,7 +48,8 @@ CHOICE_TOL = 1e-9       # candidates whose folded distances agree to this (relat
 @dataclass
 class MatchData:
     """What data-driven residual matching reads: a module of the models' architecture (its own weights are never
-    used) and batches of its inputs, with labels where the loss is read (matching.refine=loss)."""
+    used) and batches of its inputs, with labels where the loss is read (matching.refine=loss; refine=synthetic
+    makes its own and reads only the module)."""
 
     model: torch.nn.Module
     batches: list[dict]
@@ -96,6 +98,11 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
     if config.needs_data and data is None:
         raise SymfusionError("matching.residual_solve=activations and matching.refine=loss read the models' activations "
                              "or loss: give data (symfusion-match task=NAME, or align(..., data=...))")
+    if config.runs_models and data is None:
+        raise SymfusionError("matching.refine=synthetic runs the models on inputs it makes: match loaded models "
+                             "(align() on modules or folders, symfusion-match)")
+    if config.refine == "synthetic":
+        check_images(data.model.config)                          # before the descent, not after it
     clock = StageClock()
     stream = stream_layout(layout, source, tied)
     anchor = comparable(source, anchor)                          # preconditions: heads of other sizes, norms to fold
@@ -142,10 +149,13 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
             "folded_distance_blocks_only": paper.get("distance"), "paper_lower_bound": bound,
             "folded_distance": best["folded_distance"], "chosen": chosen, "start": best["start"],
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final, **summary(runs, best)}
-    if config.refine == "loss":
+    if config.refine != "none":
+        settings = config.refine_settings(layout)
+        batches = data.batches if config.refine == "loss" else SyntheticBatches(data.model.config, settings.steps)
         with clock("refine"):
             r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
-                                                              data.batches, config.refine_settings(layout))
+                                                              batches, settings)
+        info["refine"]["inputs"] = "data" if config.refine == "loss" else "synthetic (matching/synthetic.py)"
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
         transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
