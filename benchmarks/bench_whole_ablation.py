@@ -26,7 +26,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
                              split=test refines on the test split (an oracle: the floor of the group, not a result);
                              inputs=K (gauss, smooth, smoother, blur with width=N, pink) refines on noise images
-                             instead, distilled only (how full_symmetry_synthetic's inputs were chosen)
+                             instead, distilled only (how full_symmetry_synthetic's inputs were chosen);
+                             inputs=sampled (decoders) on sequences the end models sample themselves
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -554,6 +555,25 @@ def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) 
     return config, patches
 
 
+@torch.no_grad()
+def sampled_batches(batches: list[dict], modules) -> list[dict]:
+    """Batches shaped like `batches` (a causal LM's blocks of token ids) whose sequences the end models write
+    themselves: from the first token id, sampled at temperature 1 (batch i by the anchor for even i, the source for
+    odd), seeded; labels the ids (unread: the refinement is distilled only)."""
+    out = []
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        for i, batch in enumerate(batches):
+            model = modules[1 - i % 2].eval()                          # modules: (source, anchor)
+            rows, length = batch["input_ids"].shape
+            start = torch.zeros(rows, 1, dtype=torch.long)
+            ids = model.generate(input_ids=start, attention_mask=torch.ones_like(start), do_sample=True,
+                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length,
+                                 min_new_tokens=length)[:, 1:]
+            out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
 def noise_batches(batches: list[dict], kind: str, width: int = 5) -> list[dict]:
     """Batches shaped like `batches` whose images are noise in the models' normalised input space (each channel
     mean 0, variance 1, as the task's preprocessing makes its inputs) and whose labels are random (the
@@ -644,7 +664,8 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
             batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
                        for i in range(0, len(batches), joined)]
         if inputs:                                                    # no data: noise inputs, distilled only
-            batches = noise_batches(batches, inputs, settings.pop("width", 5))
+            batches = sampled_batches(batches, modules) if inputs == "sampled" else \
+                noise_batches(batches, inputs, settings.pop("width", 5))
             settings.setdefault("refine_distill", 1.0)
         refined = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale, **settings)
         if averaged:

@@ -1,6 +1,7 @@
 """The data-free refinement (matching/synthetic.py, matching.refine=synthetic): its images are smooth, standardised
-and the same on every read; it needs no data, distils only, keeps the source's function, undoes a planted transform,
-runs on folders, and a text model or a distillation weight other than 1 is refused with one error line."""
+and the same on every read, its text is what the end models write (alternately, seeded); it needs no data, distils
+only, keeps the source's function, undoes a planted transform, runs on folders, and a model that reads no images and
+writes no text, or a distillation weight other than 1, is refused with one error line."""
 import dataclasses
 
 import pytest
@@ -10,7 +11,7 @@ import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.matching.synthetic import SyntheticBatches, box_width
+from symfusion.matching.synthetic import SyntheticBatches, box_width, sampled_text
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform
 from test_residual_matching import planted
@@ -20,10 +21,11 @@ FEW = dataclasses.replace(matching_config("full_symmetry_synthetic"), refine_ste
 
 
 def test_the_images_are_smooth_standardised_and_the_same_on_every_read():
-    config = build("enc", "vit", {}).config
-    batches = SyntheticBatches(config, 5)
+    model = build("enc", "vit", {})
+    config = model.config
+    batches = SyntheticBatches(model, (None, None), 5)
     first = batches[0]
-    assert len(batches) == 5 and len(batches[1:4]) == 3
+    assert batches.kind == "images" and len(batches) == 5 and len(batches[1:4]) == 3
     assert torch.equal(first["pixel_values"], batches[0]["pixel_values"])
     assert torch.equal(first["pixel_values"], batches[:1][0]["pixel_values"])
     assert torch.equal(first["labels"], batches[-5]["labels"])
@@ -39,16 +41,33 @@ def test_the_images_are_smooth_standardised_and_the_same_on_every_read():
     assert [box_width(s) for s in (28, 32, 224)] == [13, 15, 105]
 
 
-def test_a_text_model_is_refused_with_one_line_and_nothing_written(tmp_path):
-    model = build("dec", "llama", {"num_key_value_heads": 2})
-    with pytest.raises(SymfusionError, match="images only"):
-        SyntheticBatches(model.config, 3)
-    with pytest.raises(SymfusionError, match="images only"):
-        symfusion.align(model, build("dec", "llama", {"num_key_value_heads": 2}, seed=2), matching=FEW)
+def test_the_text_is_written_by_the_anchor_and_the_source_in_turn():
+    anchor, source = (build("dec", "llama", {"num_key_value_heads": 2}, seed=s, dtype=torch.float32) for s in (1, 2))
+    batches = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 4, seed=3)
+    assert batches.kind == "text"
+    ids = [batches[i]["input_ids"] for i in range(4)]
+    length = min(128, anchor.config.max_position_embeddings - 1)
+    assert all(x.shape == (8, length) and torch.equal(batches[i]["labels"], x) for i, x in enumerate(ids))
+    assert torch.equal(ids[0], sampled_text(anchor, 8, length, 3 * 1_000_003 + 0))
+    assert torch.equal(ids[1], sampled_text(source, 8, length, 3 * 1_000_003 + 1))
+    assert not torch.equal(ids[1], sampled_text(anchor, 8, length, 3 * 1_000_003 + 1))
+    again = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 4, seed=3)
+    assert all(torch.equal(again[i]["input_ids"], x) for i, x in enumerate(ids))
+    generator_state = torch.random.get_rng_state()                     # the caller's generator left alone
+    SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 1, seed=4)[0]
+    assert torch.equal(torch.random.get_rng_state(), generator_state)
+
+
+def test_a_model_that_reads_no_images_and_writes_no_text_is_refused_with_one_line_and_nothing_written(tmp_path):
+    model = build("enc", "bert", {})
+    with pytest.raises(SymfusionError, match="cannot write"):
+        SyntheticBatches(model, (None, None), 3)
+    with pytest.raises(SymfusionError, match="cannot write"):
+        symfusion.align(model, build("enc", "bert", {}, seed=2), matching=FEW)
     model.save_pretrained(tmp_path / "anchor")
-    build("dec", "llama", {"num_key_value_heads": 2}, seed=2).save_pretrained(tmp_path / "source")
+    build("enc", "bert", {}, seed=2).save_pretrained(tmp_path / "source")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    with pytest.raises(SymfusionError, match="images only"):
+    with pytest.raises(SymfusionError, match="cannot write"):
         symfusion.align(tmp_path / "source", tmp_path / "anchor", matching=FEW, output=tmp_path / "out")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
@@ -63,11 +82,14 @@ def test_a_distillation_weight_other_than_one_is_refused(distill):
     assert not config.needs_data and config.runs_models
 
 
-def test_it_needs_no_data_lowers_its_objective_and_keeps_the_function():
-    anchor, source = build("enc", "vit", {}, seed=1), build("enc", "vit", {}, seed=2)
+@pytest.mark.parametrize("kind,family,overrides,inputs", [("enc", "vit", {}, "images"),
+                                                          ("dec", "llama", {"num_key_value_heads": 2}, "text")],
+                         ids=["vit", "llama"])
+def test_it_needs_no_data_lowers_its_objective_and_keeps_the_function(kind, family, overrides, inputs):
+    anchor, source = build(kind, family, overrides, seed=1), build(kind, family, overrides, seed=2)
     matched, report = symfusion.align(source, anchor, matching=FEW)
     refine = report["residual"]["refine"]
-    assert refine["inputs"].startswith("synthetic") and refine["distill"] == 1.0 and refine["batches"] == 20
+    assert refine["inputs"].startswith(f"synthetic {inputs}") and refine["distill"] == 1.0 and refine["batches"] == 20
     assert refine["kept"] == "refined" and refine["midpoint_loss_after"] < refine["midpoint_loss_before"]
     assert relative_change(source, report["transform"]) < 1e-9
     again = symfusion.align(source, anchor, matching=FEW)[1]["transform"]

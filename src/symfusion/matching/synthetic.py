@@ -1,24 +1,41 @@
-"""Synthetic inputs for a data-free refinement: images of smooth noise in the models' normalised input space.
+"""Synthetic inputs for a data-free refinement: smooth-noise images, or text the two end models write themselves.
 
 `full_symmetry_synthetic` (matching.refine=synthetic) refines the whole symmetry as `full_symmetry_learned`
 does (matching/learned.py), distilled only: each step's target is the two end models' own predictions on inputs
-made here, so no data is read. An image is N(0, 1) noise blurred twice by a box BLUR x the image side wide
-(zero padding; 13 pixels at 28), then standardised per image and channel: mean 0, variance 1, as the tasks'
-preprocessing hands their images to the model (pipeline/data/images.py). The width was chosen on the validation
-split of the mini's three ViT pairs among 5, 9, 13 and 19 pixels at 28; unblurred noise made the barrier worse
-than no refinement (docs/matching.md). Labels are drawn too (the model's own loss needs them) and never read.
+made here, so no data is read. Labels are made too (the model's own loss needs them) and never read.
+- Image models: N(0, 1) noise blurred twice by a box BLUR x the image side wide (zero padding; 13 pixels at 28),
+  standardised per image and channel: mean 0, variance 1, as the tasks' preprocessing hands their images to the
+  model (pipeline/data/images.py). The width was chosen on the validation split of the mini's three ViT pairs
+  among 5, 9, 13 and 19 pixels at 28; unblurred noise made the barrier worse than no refinement (docs/matching.md).
+- Causal language models: sequences of TEXT_LENGTH tokens (at most the model's positions) sampled at temperature
+  1 from the first special token, batch i written by the anchor for even i and by the source for odd i.
+Models that neither read images nor generate text (encoder classifiers) are refused with one line.
+Batch i is made when read, from a generator seeded by `seed` and i: the same on every read, none held.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from symfusion.errors import SymfusionError
-from symfusion.families import family_spec
+from symfusion.families import family_spec, token_limit
 
 BLUR = 13 / 28              # the box's width as a fraction of the image side (rounded to an odd number of pixels)
-BATCH_SIZE = 64             # images per batch (the mini's statistic batches)
+IMAGES = 64                 # images per batch (the mini's statistic batches)
+SEQUENCES, TEXT_LENGTH = 8, 128     # sequences per batch and tokens per sequence (the mini decoders' blocks)
+
+
+def check_inputs(model: torch.nn.Module) -> str:
+    """"images" or "text": what can be made for `model`; a model that reads no images and writes no text is
+    refused with one line (there is nothing this module can make for it)."""
+    if family_spec(model.config).inputs == "pixels":
+        return "images"
+    if model.can_generate():
+        return "text"
+    raise SymfusionError(f"matching.refine=synthetic makes images or text a causal LM writes; {type(model).__name__} "
+                         "reads text it cannot write: give data instead (matching=full_symmetry_learned data_task=NAME)")
 
 
 def box_width(side: int) -> int:
@@ -40,22 +57,40 @@ def smooth_noise(shape: tuple[int, int, int, int], generator: torch.Generator) -
     return centred / centred.pow(2).mean((2, 3), keepdim=True).sqrt().clamp_min(1e-12)
 
 
-def check_images(config) -> None:
-    """Refuse, with one line, a model that reads no images (there is nothing this module can make for it)."""
-    if family_spec(config).inputs != "pixels":
-        raise SymfusionError(f"matching.refine=synthetic makes images only; {config.model_type} reads tokens: "
-                             "give data instead (matching=full_symmetry_learned data_task=NAME)")
+@torch.no_grad()
+def sampled_text(model: torch.nn.Module, rows: int, length: int, seed: int) -> torch.Tensor:
+    """(rows, length) token ids that `model` writes from its first special token in the vocabulary (else id 0) at
+    temperature 1, seeded."""
+    config = model.config
+    special = (config.bos_token_id, config.eos_token_id, config.pad_token_id)
+    start_id = next((i for i in special if isinstance(i, int) and 0 <= i < config.vocab_size), 0)  # in the vocabulary
+    start = torch.full((rows, 1), int(start_id), dtype=torch.long)
+    with torch.random.fork_rng(devices=[]):                      # generate() draws from the global generator
+        torch.manual_seed(seed)
+        ids = model.generate(input_ids=start, attention_mask=torch.ones_like(start), do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length, min_new_tokens=length,
+                             pad_token_id=int(start_id))
+    return ids[:, 1:]
 
 
 class SyntheticBatches(Sequence):
-    """`count` batches of smooth-noise images and random labels for a model of `config`; batch i is made when
-    read (seeded by `seed` and i: the same on every read, at any size of image, without holding them all)."""
+    """`count` batches of synthetic inputs for `model` (a module of the pair's architecture); `states`: the anchor's
+    and the source's state dicts, which write the text of a causal LM (images need neither)."""
 
-    def __init__(self, config, count: int, seed: int = 0, batch_size: int = BATCH_SIZE):
-        check_images(config)
-        self.shape = (batch_size, config.num_channels, config.image_size, config.image_size)
-        self.labels = max(int(getattr(config, "num_labels", 2)), 1)
-        self.count, self.seed = count, seed
+    def __init__(self, model: torch.nn.Module, states: tuple[Mapping, Mapping], count: int, seed: int = 0):
+        self.kind, self.count, self.seed = check_inputs(model), count, seed
+        config = model.config
+        if self.kind == "images":
+            self.shape = (IMAGES, config.num_channels, config.image_size, config.image_size)
+            self.labels = max(int(getattr(config, "num_labels", 2)), 1)
+        else:
+            limit = token_limit(config)
+            self.length = TEXT_LENGTH if limit is None else min(TEXT_LENGTH, limit - 1)
+            self.writers, self.written = [], {}
+            for state in states:                                    # (anchor, source): each writes half the batches
+                writer = copy.deepcopy(model).float().eval()
+                writer.load_state_dict(dict(state))
+                self.writers.append(writer)
 
     def __len__(self) -> int:
         return self.count
@@ -65,6 +100,13 @@ class SyntheticBatches(Sequence):
             return [self[i] for i in range(*index.indices(self.count))]
         if not -self.count <= index < self.count:
             raise IndexError(index)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index % self.count)
+        index %= self.count
+        seed = self.seed * 1_000_003 + index
+        if self.kind == "text":                   # slow to write, small to hold: each batch written once
+            if index not in self.written:
+                self.written[index] = sampled_text(self.writers[index % 2], SEQUENCES, self.length, seed)
+            ids = self.written[index]
+            return {"input_ids": ids, "labels": ids.clone()}
+        generator = torch.Generator().manual_seed(seed)
         pixels = smooth_noise(self.shape, generator)
         return {"pixel_values": pixels, "labels": torch.randint(0, self.labels, self.shape[:1], generator=generator)}

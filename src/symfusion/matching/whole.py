@@ -35,7 +35,7 @@ from symfusion.matching.continuous import MAX_INNER, TOL
 from symfusion.matching.descent import MAX_OUTER, descend
 from symfusion.matching.pairs import StatePair, distance_of, paper_lower_bound, parts
 from symfusion.matching.learned import refine_by_loss
-from symfusion.matching.synthetic import SyntheticBatches, check_images
+from symfusion.matching.synthetic import SyntheticBatches, check_inputs
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
 from symfusion.measures import distance
@@ -102,7 +102,8 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
         raise SymfusionError("matching.refine=synthetic runs the models on inputs it makes: match loaded models "
                              "(align() on modules or folders, symfusion-match)")
     if config.refine == "synthetic":
-        check_images(data.model.config)                          # before the descent, not after it
+        check_inputs(data.model)                                 # before the descent, not after it
+    ends = (anchor, source)                                      # the end models as given (they write synthetic text)
     clock = StageClock()
     stream = stream_layout(layout, source, tied)
     anchor = comparable(source, anchor)                          # preconditions: heads of other sizes, norms to fold
@@ -151,11 +152,12 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
             "folds": len(stream.folds), "tied_final_norm": stream.tied_final, **summary(runs, best)}
     if config.refine != "none":
         settings = config.refine_settings(layout)
-        batches = data.batches if config.refine == "loss" else SyntheticBatches(data.model.config, settings.steps)
+        batches = data.batches if config.refine == "loss" else SyntheticBatches(data.model, ends, settings.steps)
         with clock("refine"):
             r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
                                                               batches, settings)
-        info["refine"]["inputs"] = "data" if config.refine == "loss" else "synthetic (matching/synthetic.py)"
+        info["refine"]["inputs"] = "data" if config.refine == "loss" else \
+            f"synthetic {batches.kind} (matching/synthetic.py)"
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
         transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
