@@ -50,10 +50,9 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
     matching: a matching preset (symfusion/presets/matching/: rotation, rotation_no_rescale, attn_only, ffn_only,
-    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, full_symmetry_synthetic (no data),
-    ...) or a MatchConfig. layers /
-    last_layers: match only some layers. data: batches of model inputs (with labels) for the variants that read
-    activations or the loss (full_symmetry_learned). in_memory (folders, whole-group variants): True loads both
+    git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, full_symmetry_synthetic (no data), ...) or
+    a MatchConfig. layers / last_layers: match only some layers. data: batches of model inputs (with labels) for
+    the variants that read activations or the loss (full_symmetry_learned). in_memory (folders, whole-group variants): True loads both
     models, False streams their layers, None loads them when they are small. record: more fields for the report
     (a command's provenance, where its data came from).
     """

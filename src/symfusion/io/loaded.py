@@ -2,9 +2,8 @@
 
 align() on nn.Modules matches here; so does align() on folders where the whole models are needed or cheap:
 the variants that run the models (residual_solve=activations, refine=loss on data, refine=synthetic on inputs it
-makes) and the whole-group
-variants of a pair that fits in memory (there the in-memory descent of matching/whole.py is exact, where the
-streamed one of sharded_whole.py agrees with it to rounding). The maths is one call of match_models; what is
+makes) and the whole-group variants of a pair that fits in memory (there the in-memory descent of matching/whole.py
+is exact, where the streamed one of sharded_whole.py agrees with it to rounding). The maths is one call of match_models; what is
 reported is the same for both entries: the parameters' distance before and after (measures.parameter_distance:
 tied tensors once), the relative change of the outputs on probe inputs (as stored: dtype rounding included).
 """

@@ -80,8 +80,9 @@ class MatchConfig:
     activations (needs data). refine: `loss` then lowers the loss along the path between the two models over
     the continuous part of the symmetry (matching/learned.py, needs data), `synthetic` the same distilled on
     inputs it makes instead of data (matching/synthetic.py: noise images, text the end models write), as the
-    refine_* settings say (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas, refine_minimax, refine_group,
-    refine_distill and refine_gains_lr None = the family's (families.py, `refine`; else RefineSettings' defaults).
+    refine_* settings say (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas,
+    refine_minimax, refine_group, refine_distill and refine_gains_lr None = the family's (families.py, `refine`;
+    else RefineSettings' defaults).
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """

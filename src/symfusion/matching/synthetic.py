@@ -7,10 +7,11 @@ made here, so no data is read. Labels are made too (the model's own loss needs t
   standardised per image and channel: mean 0, variance 1, as the tasks' preprocessing hands their images to the
   model (pipeline/data/images.py). The width was chosen on the validation split of the mini's three ViT pairs
   among 5, 9, 13 and 19 pixels at 28; unblurred noise made the barrier worse than no refinement (docs/matching.md).
-- Causal language models: sequences of TEXT_LENGTH tokens (at most the model's positions) sampled at temperature
-  1 from the first special token, batch i written by the anchor for even i and by the source for odd i.
+- Causal language models: sequences of TEXT_LENGTH tokens (at most the model's positions less one) sampled at
+  temperature 1 from the first special token, batch i written by the anchor for even i and by the source for odd i.
 Models that neither read images nor generate text (encoder classifiers) are refused with one line.
-Batch i is made when read, from a generator seeded by `seed` and i: the same on every read, none held.
+Batch i is made from a generator seeded by `seed` and i: the same on every read. Images are made when read and
+never held (any image size); text, slow to write and small, is written once and kept.
 """
 from __future__ import annotations
 
