@@ -26,8 +26,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
                              ffn_acts=N re-chooses each FFN permutation on N batches' neuron outputs first;
                              split=test refines on the test split (an oracle: the floor of the group, not a result);
                              inputs=K (gauss, smooth, smoother, blur with width=N, pink) refines on noise images
-                             instead, distilled only (how full_symmetry_synthetic's inputs were chosen);
-                             inputs=sampled (decoders) on sequences the end models sample themselves
+                             instead, distilled only (how full_symmetry_synthetic's images were chosen; its
+                             decoders' text: the library's, run as full_symmetry_synthetic)
     fan_in                   each map (no embedding table) / sqrt(its fan-in) in the objective
     glmc_weights             each tensor / sqrt(its size off the stream), Generalized LMC's weighting (its code)
     no_rescale               matching.rescale=false
@@ -555,32 +555,13 @@ def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) 
     return config, patches
 
 
-@torch.no_grad()
-def sampled_batches(batches: list[dict], modules) -> list[dict]:
-    """Batches shaped like `batches` (a causal LM's blocks of token ids) whose sequences the end models write
-    themselves: from the first token id, sampled at temperature 1 (batch i by the anchor for even i, the source for
-    odd), seeded; labels the ids (unread: the refinement is distilled only)."""
-    out = []
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        for i, batch in enumerate(batches):
-            model = modules[1 - i % 2].eval()                          # modules: (source, anchor)
-            rows, length = batch["input_ids"].shape
-            start = torch.zeros(rows, 1, dtype=torch.long)
-            ids = model.generate(input_ids=start, attention_mask=torch.ones_like(start), do_sample=True,
-                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length,
-                                 min_new_tokens=length)[:, 1:]
-            out.append({"input_ids": ids, "labels": ids.clone()})
-    return out
-
-
 def noise_batches(batches: list[dict], kind: str, width: int = 5) -> list[dict]:
     """Batches shaped like `batches` whose images are noise in the models' normalised input space (each channel
     mean 0, variance 1, as the task's preprocessing makes its inputs) and whose labels are random (the
     refinement is then distilled only: each step's target is the end models' predictions on the noise).
     gauss: every pixel N(0, 1); smooth / smoother / blur: N(0, 1) blurred twice by a 5 x 5 / 9 x 9 / width x width
-    box; pink: N(0, 1) with
-    its spectrum's amplitude divided by the frequency |f| (natural images' 1 / f); each standardised per image."""
+    box; pink: N(0, 1) with its spectrum's amplitude divided by the frequency |f| (natural images' 1 / f); each
+    standardised per image."""
     generator = torch.Generator().manual_seed(0)
     out = []
     for batch in batches:
@@ -664,8 +645,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
             batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}
                        for i in range(0, len(batches), joined)]
         if inputs:                                                    # no data: noise inputs, distilled only
-            batches = sampled_batches(batches, modules) if inputs == "sampled" else \
-                noise_batches(batches, inputs, settings.pop("width", 5))
+            batches = noise_batches(batches, inputs, settings.pop("width", 5))
             settings.setdefault("refine_distill", 1.0)
         refined = dataclasses.replace(matching_config("full_symmetry_learned"), rescale=config.rescale, **settings)
         if averaged:
@@ -740,7 +720,8 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str
     path_result = loss_path(model, anchor, moved, lambda m: task.evaluate(m, split, model_dir=model_dir,
                                                                          examples=examples))
     record = {"variant": variant, "pair": pair, "refine_defaults": defaults, "seconds": seconds,
-              "folded_distance": info.get("folded_distance"), "chosen": info.get("chosen"), "converged": info.get("converged"), "simple": merged,
+              "folded_distance": info.get("folded_distance"), "chosen": info.get("chosen"),
+              "converged": info.get("converged"), "simple": merged,
               "barrier": path_result["barrier"], "barrier_linear": path_result["barrier_linear"],
               "path": [{"alpha": p["alpha"], "loss": p["loss"], "per_example": p["per_example"]} for p in path_result["path"]]}
     path.parent.mkdir(parents=True, exist_ok=True)
