@@ -11,7 +11,7 @@ import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.matching.synthetic import SyntheticBatches, box_width, sampled_text
+from symfusion.matching.synthetic import CALL, SyntheticBatches, box_width, sampled_text
 from symfusion.measures import distance
 from symfusion.symmetry import apply_transform
 from test_residual_matching import planted
@@ -41,17 +41,24 @@ def test_the_images_are_smooth_standardised_and_the_same_on_every_read():
     assert [box_width(s) for s in (28, 32, 224)] == [13, 15, 105]
 
 
-def test_the_text_is_written_by_the_anchor_and_the_source_in_turn():
+def test_the_text_is_written_by_the_anchor_and_the_source_in_turn_a_call_of_batches_at_a_time():
     anchor, source = (build("dec", "llama", {"num_key_value_heads": 2}, seed=s, dtype=torch.float32) for s in (1, 2))
-    batches = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 4, seed=3)
+    count = 2 * CALL + 3                                   # anchor: a full call and 2 batches; source: one and 1
+    batches = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), count, seed=3)
     assert batches.kind == "text"
-    ids = [batches[i]["input_ids"] for i in range(4)]
     length = min(128, anchor.config.max_position_embeddings - 1)
+    last = batches[count - 1]["input_ids"]                 # read out of order: the anchor's second call, written first
+    ids = [batches[i]["input_ids"] for i in range(count)]
     assert all(x.shape == (8, length) and torch.equal(batches[i]["labels"], x) for i, x in enumerate(ids))
-    assert torch.equal(ids[0], sampled_text(anchor, 8, length, 3 * 1_000_003 + 0))
-    assert torch.equal(ids[1], sampled_text(source, 8, length, 3 * 1_000_003 + 1))
-    assert not torch.equal(ids[1], sampled_text(anchor, 8, length, 3 * 1_000_003 + 1))
-    again = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 4, seed=3)
+    assert torch.equal(last, ids[-1])
+    seed = 3 * 1_000_003                                   # call c of writer w: seed + 2 c + w
+    anchor_text = torch.cat([sampled_text(anchor, 8 * CALL, length, seed), sampled_text(anchor, 16, length, seed + 2)])
+    source_text = torch.cat([sampled_text(source, 8 * CALL, length, seed + 1),
+                             sampled_text(source, 8, length, seed + 3)])
+    assert torch.equal(torch.cat(ids[0::2]), anchor_text) and torch.equal(torch.cat(ids[1::2]), source_text)
+    assert not torch.equal(ids[0], ids[2])                  # rows of one call are samples of their own
+    assert not torch.equal(source_text[:8 * CALL], sampled_text(anchor, 8 * CALL, length, seed + 1))
+    again = SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), count, seed=3)
     assert all(torch.equal(again[i]["input_ids"], x) for i, x in enumerate(ids))
     generator_state = torch.random.get_rng_state()                     # the caller's generator left alone
     SyntheticBatches(source, (anchor.state_dict(), source.state_dict()), 1, seed=4)[0]
