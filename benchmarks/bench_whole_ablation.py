@@ -11,6 +11,9 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
                              (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
     full_symmetry_synthetic  the library's data-free refinement (matching/synthetic.py: distilled on smooth noise)
+    full_symmetry_synthetic:refine_group=general,refine_steps=600
+                             the same with matching settings overridden (as the learned variant's below; its
+                             inputs made for refine_steps steps)
     full_symmetry_learned:refine_gains_lr=1,refine_distill=0
                              the same with matching settings overridden (numbers, words); batches=N reads N batches,
                              join=K concatenates each K of them into one step's batch; average=F averages the
@@ -612,8 +615,12 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
         return source, {}
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
-    if variant == "full_symmetry_synthetic":                           # the library's data-free refinement
-        matched, report = symfusion.align(*modules, matching=variant)
+    if variant.split(":")[0] == "full_symmetry_synthetic":             # the library's data-free refinement
+        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
+        config = dataclasses.replace(matching_config("full_symmetry_synthetic"),
+                                     **{k: int(v) if v.isdigit() else v if v.isalpha() else float(v)
+                                        for k, v in settings.items()})
+        matched, report = symfusion.align(*modules, matching=config)
         return matched.state_dict(), report["residual"]
     learned = learned_variant(variant)
     config, patches = descent_variant(variant if learned is None else learned[0], layout, task, model_dir, modules,
@@ -698,7 +705,8 @@ def refine_defaults() -> str:
 def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str = "test") -> dict:
     path = out / (track if split == "test" else f"{track}-{split}") / pair.replace(":", "-onto-") / f"{variant}.json"
     base = variant.split("+")[0]                                                                     # VARIANT+biases
-    defaults = refine_defaults() if learned_variant(base) is not None or base == "full_symmetry_synthetic" else None
+    defaults = refine_defaults() if learned_variant(base) is not None or base.startswith("full_symmetry_synthetic") \
+        else None
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached.get("refine_defaults") == defaults:
