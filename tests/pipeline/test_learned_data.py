@@ -66,3 +66,16 @@ def test_symfusion_match_refuses_test_data_and_wrong_refine_settings_with_one_li
     code, err = match(vits, tmp_path / "m", extra, capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("matching,message", [("full_symmetry", "reads the weights only"), ("rotation", "weights only"),
+                                              ("full_symmetry_synthetic", "runs the models on inputs it makes")])
+def test_symfusion_match_refuses_data_a_data_free_matching_would_ignore_with_one_line(vits, tmp_path, capsys,
+                                                                                     matching, message):
+    args = [f"source={vits / 'm1'}", f"anchor={vits / 'm0'}", f"output={tmp_path / 'm'}", f"matching={matching}",
+            "data_task=digits"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.match_main(args)
+    code, err = exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert "data_task=digits" in err[0] and not (tmp_path / "m").exists()
