@@ -52,7 +52,7 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     matching: a matching preset (symfusion/presets/matching/: rotation, rotation_no_rescale, attn_only, ffn_only,
     git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, full_symmetry_synthetic (no data), ...) or
     a MatchConfig. layers / last_layers: match only some layers. data: batches of model inputs (with labels) for
-    the variants that read activations or the loss (full_symmetry_learned). in_memory (folders, whole-group variants): True loads both
+    the variants that read activations or the loss (full_symmetry_learned), refused by the others. in_memory (folders, whole-group variants): True loads both
     models, False streams their layers, None loads them when they are small. record: more fields for the report
     (a command's provenance, where its data came from).
     """
@@ -61,6 +61,10 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
+    if data and not config.needs_data:      # it would be unread, and the report would say it was given
+        reads = "runs the models on inputs it makes" if config.refine == "synthetic" else "reads the weights only"
+        raise SymfusionError(f"this matching {reads}, no data: leave data out, or choose one that reads it "
+                             "(full_symmetry_learned)")
     name = matching if isinstance(matching, str) else preset_of(config)
     try:
         if isinstance(source, torch.nn.Module):

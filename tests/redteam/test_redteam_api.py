@@ -29,7 +29,8 @@ WRONG = {
     "layers": ["0", 3, [True], [-1], [0.5], {"0": 0}],
     "last_layers": [-1, "2", 1.5, True],
     "max_relative_output_change": ["1e-3", float("nan"), float("inf"), 0, -1.0, True, None],
-    "data": ["batches", [1], {"input_ids": 1}],
+    "data": ["batches", [1], {"input_ids": 1}, [{"input_ids": torch.ones(1, 4, dtype=torch.long)}]],  # the last:
+    # good batches given to the default matching, which reads the weights only (refused, not silently unread)
     "in_memory": ["yes", 1, [True]],
     "record": ["provenance", ["a"], {1: "x"}],
 }
