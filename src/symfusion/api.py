@@ -52,9 +52,9 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     matching: a matching preset (symfusion/presets/matching/: rotation, rotation_no_rescale, attn_only, ffn_only,
     git_rebasin, rotation_heads, full_symmetry, full_symmetry_learned, full_symmetry_synthetic (no data), ...) or
     a MatchConfig. layers / last_layers: match only some layers. data: batches of model inputs (with labels) for
-    the variants that read activations or the loss (full_symmetry_learned), refused by the others. in_memory (folders, whole-group variants): True loads both
-    models, False streams their layers, None loads them when they are small. record: more fields for the report
-    (a command's provenance, where its data came from).
+    the variants that read activations or the loss (full_symmetry_learned), refused by the others. in_memory
+    (folders, whole-group variants): True loads both models, False streams their layers, None loads them when they
+    are small. record: more fields for the report (a command's provenance, where its data came from).
     """
     config, layers = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change,
                                       data, in_memory, record)
