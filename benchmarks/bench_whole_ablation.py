@@ -60,8 +60,8 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     VARIANT+scale_norm       the same with c the ratio of the two models' writer norms (equal stream magnitudes)
 The experiment hooks (circuits, starts, masks) live here, not in the library: they were measured, not kept.
 Evaluations are cached as JSON under --out, so a rerun computes only what is missing (a learned variant's also
-when the refinement's defaults changed since: families.py, the preset; a synthetic one's also when the way its
-inputs are made did: matching/synthetic.py's constants).
+when the refinement's defaults changed since: families.py, the preset; a synthetic one's also when its own preset
+or the way its inputs are made did: matching/synthetic.py's constants).
     python benchmarks/bench_whole_ablation.py --track vit --models DIR [--pairs seed1:seed0 ...] [--variants ...]
         [--split validation]   (score on the validation split instead, cached apart: to choose a setting)
 """
@@ -708,9 +708,9 @@ def run(track: str, models: Path, pair: str, variant: str, out: Path, split: str
     path = out / (track if split == "test" else f"{track}-{split}") / pair.replace(":", "-onto-") / f"{variant}.json"
     base = variant.split("+")[0]                                                                     # VARIANT+biases
     defaults = refine_defaults() if learned_variant(base) is not None else None
-    if base.startswith("full_symmetry_synthetic"):                  # and how its inputs are made
-        defaults = refine_defaults() + repr([getattr(synthetic, k) for k in ("BLUR", "IMAGES", "SEQUENCES",
-                                                                              "TEXT_LENGTH", "CALL")])
+    if base.startswith("full_symmetry_synthetic"):                  # its own preset and how its inputs are made
+        defaults = refine_defaults() + repr([matching_config("full_symmetry_synthetic")] + [
+            getattr(synthetic, k) for k in ("BLUR", "IMAGES", "SEQUENCES", "TEXT_LENGTH", "CALL")])
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached.get("refine_defaults") == defaults:
