@@ -160,7 +160,7 @@ def check_one_path(make, name, tmp_path, capsys):
     assert report["relative_output_change"] < 1e-4 and folders[2]["relative_output_change"] < 1e-4
 
 
-# full_symmetry_synthetic writes 200 batches of text per entry (about a minute a pair): on the six FAST pairs only
+# full_symmetry_synthetic writes 600 batches of text per entry (1-2 minutes a pair): on the six FAST pairs only
 # (two refused, a ViT, three decoders); its refinement on every family is the learned one's (test_learned.py)
 CASES = [pytest.param(pair, name, id=f"{pair[0]}-{name}",
                       marks=() if pair[0] in FAST and name in FAST_MATCHINGS else pytest.mark.slow)
