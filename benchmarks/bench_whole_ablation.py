@@ -595,8 +595,13 @@ def learned_variant(variant: str) -> tuple[str, dict] | None:
         return variant.split(":", 1)[1], {}
     if variant.split(":")[0] != "full_symmetry_learned":
         return None
+    return "full_symmetry", variant_settings(variant)
+
+
+def variant_settings(variant: str) -> dict:
+    """The KEY=VALUE settings after a variant's colon (numbers, words), {} without one."""
     settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-    return "full_symmetry", {k: int(v) if v.isdigit() else v if v.isalpha() else float(v) for k, v in settings.items()}
+    return {k: int(v) if v.isdigit() else v if v.isalpha() else float(v) for k, v in settings.items()}
 
 
 def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
@@ -618,10 +623,7 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
     if variant == "rotation":
         return apply_transform(source, layout, match_models(source, anchor, layout, "rotation").transform), {}
     if variant.split(":")[0] == "full_symmetry_synthetic":             # the library's data-free refinement
-        settings = dict(item.split("=") for item in variant.split(":")[1].split(",")) if ":" in variant else {}
-        config = dataclasses.replace(matching_config("full_symmetry_synthetic"),
-                                     **{k: int(v) if v.isdigit() else v if v.isalpha() else float(v)
-                                        for k, v in settings.items()})
+        config = dataclasses.replace(matching_config("full_symmetry_synthetic"), **variant_settings(variant))
         matched, report = symfusion.align(*modules, matching=config)
         return matched.state_dict(), report["residual"]
     learned = learned_variant(variant)

@@ -62,8 +62,7 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
     if data and not config.needs_data:      # it would be unread, and the report would say it was given
-        reads = "runs the models on inputs it makes" if config.refine == "synthetic" else "reads the weights only"
-        raise SymfusionError(f"this matching {reads}, no data: leave data out, or choose one that reads it "
+        raise SymfusionError(f"this matching {config.reads}, no data: leave data out, or choose one that reads it "
                              "(full_symmetry_learned)")
     name = matching if isinstance(matching, str) else preset_of(config)
     try:

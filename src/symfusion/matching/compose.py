@@ -180,6 +180,13 @@ class MatchConfig:
         """Whether the matching runs the models (needs_data, or refine=synthetic on inputs it makes itself)."""
         return self.needs_data or self.refine == "synthetic"
 
+    @property
+    def reads(self) -> str:
+        """What the matching reads, for the refusal of data it would leave unread (align(), symfusion-match)."""
+        if self.needs_data:
+            return "reads the models' activations or loss"
+        return "runs the models on inputs it makes" if self.refine == "synthetic" else "reads the weights only"
+
     def blocks(self) -> "MatchConfig":
         """The same matching without the residual stream (the block solves of the coordinate descent)."""
         return dataclasses.replace(self, residual="none", residual_solve="weights", refine="none")

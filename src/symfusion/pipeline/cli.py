@@ -103,9 +103,8 @@ def match_command(cfg: DictConfig) -> None:
         raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
                              "the models solve)")
     if not matching.needs_data and cfg.get("data_task"):     # it would be ignored: the user expects it read
-        reads = "runs the models on inputs it makes" if matching.refine == "synthetic" else "reads the weights only"
-        raise SymfusionError(f"matching={name} {reads}, no data: leave data_task={cfg.data_task} out, or choose a "
-                             "matching that reads it (full_symmetry_learned)")
+        raise SymfusionError(f"matching={name} {matching.reads}, no data: leave data_task={cfg.data_task} out, or "
+                             "choose a matching that reads it (full_symmetry_learned)")
     report = run_match(
         source=cfg.source, anchor=cfg.anchor, output=cfg.output, matching=matching, matching_name=name,
         layers=_container(cfg.layers), last_layers=cfg.last_layers,
