@@ -79,3 +79,23 @@ def test_symfusion_match_refuses_data_a_data_free_matching_would_ignore_with_one
     code, err = exit_info.value.code, capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert "data_task=digits" in err[0] and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("option", ["data_batches=3", "data_split=validation"])
+def test_symfusion_match_refuses_every_data_option_a_data_free_matching_would_ignore(vits, tmp_path, capsys, option):
+    args = [f"source={vits / 'm1'}", f"anchor={vits / 'm0'}", f"output={tmp_path / 'm'}", "matching=full_symmetry",
+            option]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.match_main(args)
+    code, err = exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"leave {option} out" in err[0], err
+    assert not (tmp_path / "m").exists()
+
+
+def test_symfusion_match_takes_data_task_null_with_a_data_free_matching_as_the_workflow_writes_it(vits, tmp_path, capsys):
+    args = [f"source={vits / 'm1'}", f"anchor={vits / 'm0'}", f"output={tmp_path / 'm'}", "matching=rotation",
+            "data_task=null"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.match_main(args)
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "m" / "match.json").read_text())["data"] is None

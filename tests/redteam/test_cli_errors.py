@@ -101,6 +101,10 @@ def bert_cases(root: Path):
          "reads the weights only, no data: leave data_task=digits out"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching=full_symmetry_synthetic", "data_task=digits"],
          "runs the models on inputs it makes, no data"),
+        ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "matching=full_symmetry", "data_batches=50"],
+         "reads the weights only, no data: leave data_batches=50 out"),
+        ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "data_split=validation"],      # the default: rotation
+         "matching=rotation reads the weights only, no data: leave data_split=validation out"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "foo=1"], "not an option of symfusion-match"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "+foo=1"], "not an option of symfusion-match"),
         ("match", [*pair, f"output={root / f'o{next(fresh)}'}", "layers=[0"], "cannot read the command line"),
