@@ -9,14 +9,16 @@ from __future__ import annotations
 import platform
 
 # A portable run computes with the kernels an x86-64 CPU with AVX2 and no AVX-512 would use (reference/mini was
-# made on one, an AMD EPYC Zen 3), whatever the CPU: measured on a Zen 5 with AVX-512, its ViTs, tiny Llamas,
+# made on one, an AMD EPYC Zen 3), whatever the AMD CPU: measured on a Zen 5 with AVX-512, its ViTs, tiny Llamas,
 # merges and loss paths equal the Zen 3 reference's bit for bit, at no detectable CPU cost; without the cap an
-# AVX-512 CPU trains other end models (last-bit differences from the first training step on). Each variable is
-# read when its library loads (ATEN_CPU_CAPABILITY when torch is imported): a process must start with it.
+# AVX-512 CPU trains other end models (last-bit differences from the first training step on). An Intel CPU trains
+# other end models even capped: MKL's SGEMM takes a code path per vendor that no MKL setting aligns (measured,
+# docs/reproduce.md#determinism). Each variable is read when its library loads (ATEN_CPU_CAPABILITY when torch is
+# imported): a process must start with it.
 PORTABLE = {
     "ATEN_CPU_CAPABILITY": "avx2",            # torch's own vectorised kernels: softmax, attention, fused AdamW
     "ONEDNN_MAX_CPU_ISA": "AVX2",             # oneDNN inside torch: convolutions (the ViT's patches), GELU
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",        # MKL's GEMMs and LAPACK on Intel CPUs (on AMD MKL runs AVX2 code anyway)
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",        # MKL's instruction set on Intel CPUs (its code path stays Intel's own)
     "NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512_ICL,AVX512_SPR",   # numpy's AVX-512 loops
     "OPENBLAS_CORETYPE": "Haswell",           # the OpenBLAS of numpy and scipy: its AVX2 kernels
 }
