@@ -127,6 +127,19 @@ def test_within_intervals_a_row_may_move_by_half_its_reference_interval(tmp_path
     assert "(|diff| 2 > 1.5)" in capsys.readouterr().out
 
 
+def test_within_intervals_a_cell_may_move_by_half_its_own_named_interval_as_in_a_long_table(tmp_path, capsys):
+    # Table 2's layout: one row per method, an effect per matching with its own interval (half width 0.7 here)
+    reference = dict(ROW, effect_full_symmetry="-3.46", effect_full_symmetry_low="-4.16",
+                     effect_full_symmetry_high="-2.76")
+    moved = dict(reference, effect_full_symmetry="-2.93", effect_full_symmetry_low="-3.60")
+    args = run_dirs(tmp_path, [moved], [reference])
+    assert main(args) == 1                                        # 0.53 > the default 0.5
+    assert main(args + ["--within-intervals"]) == 0              # 0.53 and 0.56 < 0.7
+    too_far = dict(reference, effect_full_symmetry="-2.66")
+    assert main(run_dirs(tmp_path, [too_far], [reference]) + ["--within-intervals"]) == 1
+    assert "effect_full_symmetry: -2.66 vs reference -3.46 (|diff| 0.8 > 0.7)" in capsys.readouterr().out
+
+
 def test_only_compares_a_slice_and_refuses_unknown_names(tmp_path, capsys):
     run, figures = full_run(tmp_path, "a")
     ref, ref_figures = full_run(tmp_path, "b")

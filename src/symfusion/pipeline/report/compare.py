@@ -112,6 +112,21 @@ def row_tolerance(reference: dict, tolerance: float, within_intervals: bool) -> 
     return max([tolerance] + [w / 2 for w in widths if math.isfinite(w)])
 
 
+def own_interval_tolerance(reference: dict, column: str) -> float:
+    """Half the width of the cell's own 95% interval where the reference names one for it (a column X with X_low and
+    X_high, as Table 2's effect_<matching>; or those endpoints themselves), else 0; intervals over pairs are
+    spread_tolerance's. With within_intervals a cell may move by it, as a row by its generic interval (row_tolerance):
+    the same effect then has the same allowance in a wide table (Table 2) and a long one (Figure 3)."""
+    base = column[:-len("_low")] if column.endswith("_low") else column[:-len("_high")] if column.endswith("_high") \
+        else column
+    if base.endswith("_pairs"):
+        return 0.0
+    low, high = as_number(reference.get(f"{base}_low")), as_number(reference.get(f"{base}_high"))
+    if low is None or high is None or not math.isfinite(high - low):
+        return 0.0
+    return (high - low) / 2
+
+
 SPREAD_SUFFIXES = ("_pairs_low", "_pairs_high", "_sd", "_se")   # a cell's spread over pairs (report/spread.py)
 TOLERANCES_FILE = "tolerances.yaml"     # in a reference folder: recorded tolerances of cells that depend on the CPU
 
@@ -215,7 +230,7 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
         for column in ref:
             if column in TIMING_COLUMNS or column not in row:
                 continue
-            allowed = max(row_allowed, measured(column))
+            allowed = max(row_allowed, measured(column), own_interval_tolerance(ref, column) if within_intervals else 0.0)
             a, b = row.get(column), ref[column]
             x, y = as_number(a), as_number(b)
             if x is not None and y is not None:
