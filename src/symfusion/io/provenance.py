@@ -35,11 +35,32 @@ def package_versions() -> dict:
     return versions
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's vendor, family, model and name ("GenuineIntel family 6 model 167: Intel(R) Xeon(R) Processor"), from
+    the first processor of /proc/cpuinfo; None where there is none. The vendor matters: MKL computes otherwise on
+    Intel and AMD CPUs, capped or not (docs/reproduce.md#determinism)."""
+    fields = {}
+    try:
+        with open(cpuinfo) as handle:
+            for line in handle:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return None
+    if "vendor_id" not in fields:
+        return None
+    return (f"{fields['vendor_id']} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}: "
+            f"{fields.get('model name', '?')}")
+
+
 def machine() -> dict:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # torch's CPU kernels: AVX2 in a portable run
