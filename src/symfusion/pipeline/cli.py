@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.pipeline.config import (check_values, choice, compose_config, integer, listing, mapping,
-                              number, text)
+from symfusion.pipeline.config import (check_data_options, check_values, choice, compose_config, given_options,
+                              integer, listing, mapping, number, text)
 from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, note, said_on_success
 
 # The exit code of a command stopped by Ctrl-C (SIGINT), as a shell reports a process killed by it, and its line:
@@ -291,34 +291,6 @@ CHECKS = {
 }
 
 
-DATA_OPTIONS = ("data_task", "data_batches", "data_split")     # symfusion-match's options of the data it reads
-
-
-def given_options(argv: list[str]) -> dict[str, str]:
-    """The options the command line sets, KEY -> VALUE as written (Hydra's +, ++ and ~ prefixes stripped)."""
-    given = {}
-    for override in argv:
-        key, _, value = override.partition("=")
-        given[key.lstrip("+~")] = value
-    return given
-
-
-def check_data_options(cfg: DictConfig, given: dict[str, str]) -> None:
-    """symfusion-match's data options against its matching: a matching that reads data needs data_task; a data option
-    the command line sets (to anything but null) for one that reads none would be left unread, though the user
-    expects it read (the workflow sets data_task=null for such jobs). One error line either way."""
-    matching, name = _matching(cfg), cfg.matching.name
-    if matching.needs_data and not cfg.get("data_task"):
-        raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
-                             "the models solve)")
-    if matching.needs_data:
-        return
-    unread = [k for k in DATA_OPTIONS if k in given and cfg.get(k) is not None]
-    if unread:
-        raise SymfusionError(f"matching={name} {matching.reads}, no data: leave {unread[0]}={cfg[unread[0]]} "
-                             "out, or choose a matching that reads it (full_symmetry_learned)")
-
-
 def command_line(config_name: str, command, argv: list[str]) -> int:
     """Compose conf/<config_name>.yaml with argv's overrides, check every value, run `command`; the exit code.
 
@@ -344,7 +316,7 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
             _matching(cfg)
         if config_name == "match":
-            check_data_options(cfg, given_options(argv))
+            check_data_options(cfg, _matching(cfg), given_options(argv))
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

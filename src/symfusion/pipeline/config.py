@@ -211,3 +211,31 @@ def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
         if problem:
             shown = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
             raise SymfusionError(f"{key}={shown!r}{problem}" if value is not None else f"{key}{problem}")
+
+
+DATA_OPTIONS = ("data_task", "data_batches", "data_split")     # symfusion-match's options of the data it reads
+
+
+def given_options(argv: list[str]) -> dict[str, str]:
+    """The options the command line sets, KEY -> VALUE as written (Hydra's +, ++ and ~ prefixes stripped)."""
+    given = {}
+    for override in argv:
+        key, _, value = override.partition("=")
+        given[key.lstrip("+~")] = value
+    return given
+
+
+def check_data_options(cfg: DictConfig, matching, given: dict[str, str]) -> None:
+    """symfusion-match's data options against its matching: a matching that reads data needs data_task; a data option
+    the command line sets (to anything but null) for one that reads none would be left unread, though the user
+    expects it read (the workflow sets data_task=null for such jobs). One error line either way."""
+    name = cfg.matching.name                               # matching: its MatchConfig, as the command line sets it
+    if matching.needs_data and not cfg.get("data_task"):
+        raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
+                             "the models solve)")
+    if matching.needs_data:
+        return
+    unread = [k for k in DATA_OPTIONS if k in given and cfg.get(k) is not None]
+    if unread:
+        raise SymfusionError(f"matching={name} {matching.reads}, no data: leave {unread[0]}={cfg[unread[0]]} "
+                             "out, or choose a matching that reads it (full_symmetry_learned)")
