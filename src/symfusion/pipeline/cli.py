@@ -314,9 +314,9 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
         cfg = compose_config(config_name, argv)
         check_values(cfg, CHECKS[config_name])
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
-            _matching(cfg)
-        if config_name == "match":
-            check_data_options(cfg, _matching(cfg), given_options(argv))
+            matching = _matching(cfg)
+            if config_name == "match":
+                check_data_options(cfg, matching, given_options(argv))
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

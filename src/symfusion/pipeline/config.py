@@ -216,24 +216,20 @@ def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
 DATA_OPTIONS = ("data_task", "data_batches", "data_split")     # symfusion-match's options of the data it reads
 
 
-def given_options(argv: list[str]) -> dict[str, str]:
-    """The options the command line sets, KEY -> VALUE as written (Hydra's +, ++ and ~ prefixes stripped)."""
-    given = {}
-    for override in argv:
-        key, _, value = override.partition("=")
-        given[key.lstrip("+~")] = value
-    return given
+def given_options(argv: list[str]) -> set[str]:
+    """The options the command line sets (Hydra's +, ++ and ~ prefixes stripped)."""
+    return {override.partition("=")[0].lstrip("+~") for override in argv}
 
 
-def check_data_options(cfg: DictConfig, matching, given: dict[str, str]) -> None:
-    """symfusion-match's data options against its matching: a matching that reads data needs data_task; a data option
-    the command line sets (to anything but null) for one that reads none would be left unread, though the user
-    expects it read (the workflow sets data_task=null for such jobs). One error line either way."""
-    name = cfg.matching.name                               # matching: its MatchConfig, as the command line sets it
-    if matching.needs_data and not cfg.get("data_task"):
-        raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a conf/task "
-                             "the models solve)")
+def check_data_options(cfg: DictConfig, matching, given: set[str]) -> None:
+    """symfusion-match's data options against its matching (its MatchConfig): a matching that reads data needs
+    data_task; a data option the command line sets (to anything but null) for one that reads none would be left
+    unread, though the user expects it read (the workflow sets data_task=null for such jobs). One error line."""
+    name = cfg.matching.name
     if matching.needs_data:
+        if not cfg.get("data_task"):
+            raise SymfusionError(f"matching={name} reads the models' activations or loss: give data_task=NAME (a "
+                                 "conf/task the models solve)")
         return
     unread = [k for k in DATA_OPTIONS if k in given and cfg.get(k) is not None]
     if unread:
