@@ -186,12 +186,25 @@ def comparable(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Te
     return {k: v for k, v in anchor.items() if k not in source or tuple(source[k].shape) == tuple(v.shape)}
 
 
+GAIN_RESOLUTION = torch.finfo(torch.float32).eps     # 2^-23: a gain this far below its bias is lost in its rounding
+
+
+def constant_coordinates(gain: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Where a norm outputs its bias alone, to float32 rounding: |g| <= 2^-23 |b| with b != 0 (a zero gain where the
+    bias is not zero, or one so small that folding it, b -> b / g, would make one folded entry 1e7 or more times the
+    gain's size, beyond what the float64 descent resolves beside the others: a gain of 1e-30 made every inner loop
+    run to its cap, 200 s on a two-layer ViT)."""
+    g, b = gain.double(), bias.double()
+    return (g.abs() <= GAIN_RESOLUTION * b.abs()) & (b != 0)
+
+
 def unfoldable(state: Mapping[str, torch.Tensor], stream: StreamLayout) -> list[str]:
-    """The pre-norms of a (canonical) state that cannot be folded: a zero gain where the bias is not zero (that
-    coordinate outputs a constant). Only (signed) permutations of the stream keep such a model's function, and
-    those need no folding: the descent leaves these norms unfolded."""
+    """The pre-norms of a (canonical) state that cannot be folded: a coordinate that outputs its bias, a constant
+    (constant_coordinates: a zero gain, or one below float32 rounding of a non-zero bias). Only (signed)
+    permutations of the stream keep such a model's function, and those need no folding: the descent leaves these
+    norms unfolded."""
     return [f.gain for f in stream.folds if f.bias and f.gain in state and f.bias in state
-            and bool(((state[f.gain] == 0) & (state[f.bias] != 0)).any())]
+            and bool(constant_coordinates(state[f.gain], state[f.bias]).any())]
 
 
 def foldable(stream: StreamLayout, kind: str, states) -> tuple[StreamLayout, str]:
@@ -202,9 +215,9 @@ def foldable(stream: StreamLayout, kind: str, states) -> tuple[StreamLayout, str
     if not bad:
         return stream, kind
     if kind == "orthogonal":
-        raise SymfusionError(f"matching.residual=orthogonal is not exact for this model: {bad[0]} is zero where its "
-                             "bias is not (that coordinate outputs a constant, which no rotation keeps); use "
-                             "matching.residual=permutation")
+        raise SymfusionError(f"matching.residual=orthogonal is not exact for this model: {bad[0]} is zero (or below "
+                             "float32 rounding) where its bias is not (that coordinate outputs a constant, which no "
+                             "rotation keeps); use matching.residual=permutation")
     return dataclasses.replace(stream, folds=tuple(f for f in stream.folds if f.gain not in bad)), "permutation"
 
 
@@ -222,10 +235,10 @@ def fold_norms(state: Mapping[str, torch.Tensor], folds: tuple[NormFold, ...]) -
                 out[key] = out[key] * g.to(out[key].dtype)[None, :]          # (out, hidden) columns
         if fold.bias:
             b = out[fold.bias]
-            if bool(((g == 0) & (b != 0)).any()):
-                raise SymfusionError(f"{fold.gain} is zero where {fold.bias} is not: that coordinate of the norm "
-                                     "outputs a constant, which no rotation of the stream keeps; use "
-                                     "matching.residual=permutation")
+            if bool(constant_coordinates(g, b).any()):
+                raise SymfusionError(f"{fold.gain} is zero (or below float32 rounding) where {fold.bias} is not: that "
+                                     "coordinate of the norm outputs a constant, which no rotation of the stream "
+                                     "keeps; use matching.residual=permutation")
             out[fold.bias] = torch.where(g == 0, torch.zeros_like(b), b / torch.where(g == 0, torch.ones_like(g), g))
         out[fold.gain] = torch.ones_like(g)
     return out

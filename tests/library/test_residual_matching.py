@@ -15,7 +15,7 @@ from symfusion.matching.pairs import StatePair
 from symfusion.matching.residual import gauge_gains
 from symfusion.measures import distance
 from symfusion.matching.whole import folded_distance
-from symfusion.stream import fold_norms, stream_layout
+from symfusion.stream import constant_coordinates, fold_norms, stream_layout
 from symfusion.symmetry import Transform, apply_blocks, apply_transform, random_residual, random_transform
 from test_residual_symmetry import MODEL_IDS, MODELS, build, relative_change
 
@@ -145,6 +145,29 @@ def test_near_zero_gains_do_not_blow_up_the_matched_weights(tied):
     assert after <= before
     model.load_state_dict(source)
     assert relative_change(model, result.transform) < 1e-9
+
+
+def test_a_gain_below_float32_rounding_of_its_bias_is_a_constant_coordinate():
+    """A gain at most 2^-23 of its bias (zero included) leaves that coordinate its bias, a constant: no rotation keeps
+    it (orthogonal: one line naming the norm), auto takes permutations, which keep the function; a gain above it
+    still folds. (Folding a 1e-30 gain made one folded bias 1e30 times the rest: every inner loop ran to its cap.)"""
+    eps = torch.finfo(torch.float32).eps
+    gain, bias = torch.tensor([0.0, 0.0, 1e-30, eps * 0.5, eps * 0.5 * 1.01, 1.0]), torch.tensor([0.0, 1.0, 0.3, 0.5, 0.5, 0.0])
+    assert constant_coordinates(gain, bias).tolist() == [False, True, True, True, False, False]
+    model = build("enc", "vit", {})
+    anchor = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    source = {k: v.detach().clone() for k, v in build("enc", "vit", {}, seed=1).state_dict().items()}
+    layout = layout_of(model.config, anchor)
+    key = stream_layout(layout, layout.canonical(source)).folds[0].gain
+    stored = next(k for k in source if layout.canonical({k: source[k]}).keys() == {key})
+    source[stored][3] = 1e-30
+    assert source[stored[: -len("weight")] + "bias"][3] != 0
+    with pytest.raises(SymfusionError, match="below float32 rounding"):
+        match_models(source, anchor, layout, dataclasses.replace(FULL, residual="orthogonal"))
+    result = match_models(source, anchor, layout, FULL)
+    assert result.residual["group"] in ("permutation", "signed_permutation")
+    model.load_state_dict(source)
+    assert relative_change(model, result.transform) < 1e-6
 
 
 def test_the_gauge_is_the_closest_to_the_anchor():

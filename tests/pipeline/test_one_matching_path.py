@@ -1,6 +1,7 @@
 """One matching path: align() on nn.Modules, align() on folders and symfusion-match agree on every family and every
 matching variant: the same matched weights and transform, the same reported distances, and those distances are the
 parameters' true distance (an independent float64 recomputation over named parameters: a tied tensor once)."""
+import dataclasses
 import json
 import math
 
@@ -72,9 +73,16 @@ class Batches:
         return self.data[:count]
 
 
+# full_symmetry_synthetic's 600 refinement steps write 600 batches of text per entry (1-3 minutes a decoder pair on 2
+# cores, three entries a pair): here 40 steps, set the same way in every entry (MatchConfig; matching.refine_steps=)
+SHORTER = {"full_symmetry_synthetic": {"refine_steps": 40}}
+
+
 def entries(make, name, tmp_path):
     """(source, anchor, [(entry, outcome)]): each entry's (matched state, transform tensors, report) or its error."""
     anchor, source = make(1), make(2)
+    overrides = SHORTER.get(name, {})
+    matching = dataclasses.replace(matching_config(name), **overrides) if overrides else name
     anchor.save_pretrained(tmp_path / "anchor")
     source.save_pretrained(tmp_path / "source")
     data = batches(source) if matching_config(name).needs_data else None
@@ -85,13 +93,13 @@ def entries(make, name, tmp_path):
         source, anchor = load_model(tmp_path / "source"), load_model(tmp_path / "anchor")
     outcomes = []
     try:
-        matched, report = symfusion.align(source, anchor, matching=name, data=data)
+        matched, report = symfusion.align(source, anchor, matching=matching, data=data)
         report["transform"].save(tmp_path / "module.safetensors")
         outcomes.append(("modules", (matched.state_dict(), load_file(tmp_path / "module.safetensors"), report)))
     except SymfusionError as error:
         outcomes.append(("modules", str(error)))
     try:
-        out, report = symfusion.align(tmp_path / "source", tmp_path / "anchor", matching=name, output=tmp_path / "f",
+        out, report = symfusion.align(tmp_path / "source", tmp_path / "anchor", matching=matching, output=tmp_path / "f",
                                       data=data)
         outcomes.append(("folders", (load_model(out).state_dict(), load_file(out / "transform.safetensors"), report)))
     except SymfusionError as error:
@@ -100,7 +108,7 @@ def entries(make, name, tmp_path):
     try:
         if data is None:       # the console script; a data-driven variant needs a task: the stage with fixed batches
             args = [f"source={tmp_path / 'source'}", f"anchor={tmp_path / 'anchor'}", f"output={out}",
-                    f"matching={name}"]
+                    f"matching={name}"] + [f"matching.{k}={v}" for k, v in overrides.items()]
             with pytest.raises(SystemExit) as exit_info:
                 cli.match_main(args)
             if exit_info.value.code != 0:
@@ -132,8 +140,11 @@ def check_one_path(make, name, tmp_path, capsys):
     # symfusion-match is align() on folders: the same computation, bit for bit
     assert all(torch.equal(folders[0][k], command[0][k]) for k in folders[0]) and folders[0].keys() == command[0].keys()
     assert all(torch.equal(folders[1][k], command[1][k]) for k in folders[1]) and folders[1].keys() == command[1].keys()
+    # (a shortened preset, SHORTER, is a MatchConfig to align(), which names no preset, and the preset's name with
+    # matching.refine_steps= to the console script: its settings, matching_config, are compared)
+    named = () if name in SHORTER else ("matching",)
     for field in ("distance_before", "distance_after", "distance_before_by_module", "distance_after_by_module",
-                  "matching", "matching_config", "layers", "family"):
+                  "matching_config", "layers", "family") + named:
         assert folders[2][field] == command[2][field], field
     # the folder path streams layers (one at a time where the modules' path batches them): equal to rounding
     assert folders[0].keys() == state.keys() and folders[1].keys() == transform.keys()
@@ -143,6 +154,8 @@ def check_one_path(make, name, tmp_path, capsys):
         assert torch.allclose(folders[1][key].double(), transform[key].double(), rtol=1e-5, atol=1e-6), key
     for field in ("matching", "matching_config", "layers", "family"):
         assert folders[2][field] == report[field], field
+    assert report["matching_config"]["refine_steps"] == SHORTER.get(name, {}).get("refine_steps",
+                                                                                  matching_config(name).refine_steps)
     assert folders[2]["distance_before"] == pytest.approx(report["distance_before"], rel=1e-12)
     assert folders[2]["distance_after"] == pytest.approx(report["distance_after"], rel=1e-6)
     assert folders[2]["distance_after_by_module"].keys() == report["distance_after_by_module"].keys()
@@ -160,8 +173,8 @@ def check_one_path(make, name, tmp_path, capsys):
     assert report["relative_output_change"] < 1e-4 and folders[2]["relative_output_change"] < 1e-4
 
 
-# full_symmetry_synthetic writes 600 batches of text per entry (1-2 minutes a pair): on the six FAST pairs only
-# (two refused, a ViT, three decoders); its refinement on every family is the learned one's (test_learned.py)
+# full_symmetry_synthetic on the six FAST pairs only (two refused, a ViT, three decoders); its refinement on every
+# family is the learned one's (test_learned.py)
 CASES = [pytest.param(pair, name, id=f"{pair[0]}-{name}",
                       marks=() if pair[0] in FAST and name in FAST_MATCHINGS else pytest.mark.slow)
          for pair in PAIRS for name in MATCHINGS if name != "full_symmetry_synthetic" or pair[0] in FAST]
