@@ -305,6 +305,12 @@ def minus_inf_in_a_norm(folder, outside):
                  lambda t: t.index_fill_(0, torch.tensor([0]), float("-inf")))
 
 
+def norm_gain_of_1e30(folder, outside):
+    """Finite, but its square overflows float32: the model's own next norm and every distance of it are inf."""
+    _edit_tensor(folder, lambda k: "norm" in k.lower() and k.endswith("weight"),
+                 lambda t: t.index_fill_(0, torch.tensor([0]), 1e30))
+
+
 def tokenizer_link_outside(folder, outside):
     (outside / "secret.txt").write_text("not the model's")
     os.symlink(outside / "secret.txt", folder / "tokenizer.json")
@@ -325,7 +331,7 @@ MUTATIONS = {
     "shards": [truncated_shard, empty_shard, huge_header, unlisted_tensor],
     "config": [config_not_json, config_is_a_folder, config_intermediate_size, config_unknown_model_type],
     "dtype": [integer_weight],
-    "non-finite": [nan_in_a_layer, inf_in_the_embedding, minus_inf_in_a_norm],
+    "non-finite": [nan_in_a_layer, inf_in_the_embedding, minus_inf_in_a_norm, norm_gain_of_1e30],
     "symlinks": [shard_link_outside, index_link_outside, config_link_outside, tokenizer_link_outside],
     "pickles": [pickle_only],
 }

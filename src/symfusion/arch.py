@@ -33,6 +33,7 @@ their transformers class, so checkpoints written by older versions are renamed o
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -184,11 +185,24 @@ class ModelLayout:
         return types
 
 
+FLOAT32_SQUARE_LIMIT = math.sqrt(torch.finfo(torch.float32).max)     # 1.8e19: a larger value's square is inf in float32
+
+
 def check_finite(state: Mapping[str, torch.Tensor], name: str) -> None:
-    """Raise naming the first tensor that holds NaN or inf."""
+    """Raise naming the first tensor that holds NaN or inf, or a value whose square overflows float32 (|x| > 1.8e19:
+    a norm gain of 1e30 is finite, but the model's own norms and every squared distance and Fisher weight of it are
+    inf). One reduction per tensor (aminmax: NaN fails the comparison), no copy."""
     for key, tensor in state.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        low, high = torch.aminmax(tensor)
+        if bool(low >= -FLOAT32_SQUARE_LIMIT) and bool(high <= FLOAT32_SQUARE_LIMIT):
+            continue
+        if not torch.isfinite(tensor).all():
             raise SymfusionError(f"{name} has non-finite values (NaN/inf) in {key!r}; retrain or re-export that model")
+        raise SymfusionError(f"{name} has values too large for float32 arithmetic in {key!r} (up to "
+                             f"{max(-float(low), float(high)):.3g}; above 1.8e19 a value's square overflows float32, so "
+                             "the model's own norms and every distance of it are inf); retrain or re-export that model")
 
 
 def find_prefix(state: Mapping[str, torch.Tensor], family: str) -> str:

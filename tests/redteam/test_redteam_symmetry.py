@@ -1,8 +1,8 @@
 """Red team, class 5 of issue 36: the whole symmetry (matching.residual) on valid but unusual models: task heads of
-other sizes, zero or tiny norm gains (with and without a bias), untied against tied embeddings, a config whose
-`architectures` names no class transformers knows. Each ends in a result that computes the source's function, or in
-one line whose precondition is the true one: never a traceback, never a refusal that recommends the very setting
-it was given, never a false "report this as a bug".
+other sizes, zero, tiny or huge norm gains (with and without a bias; 1e30: finite weights whose model overflows
+float32), untied against tied embeddings, a config whose `architectures` names no class transformers knows. Each
+ends in a result that computes the source's function, or in one line whose precondition is the true one: never a
+traceback, never a refusal that recommends the very setting it was given, never a false "report this as a bug".
 
 The class test enumerates families (families.FAMILIES) x unusual variants (VARIANTS) x the residual groups
 (matching.compose.RESIDUAL_CHOICES) x modules and folders (streamed and loaded whole), and fails for a family without
@@ -80,6 +80,14 @@ def tiny_gain(family):
     return source, anchor
 
 
+def huge_gain(family):
+    """A norm gain of 1e30: finite weights, but the source overflows float32 in its own forward pass (NaN outputs)."""
+    source, anchor = model(family, 1), model(family, 0)
+    with torch.no_grad():
+        _gain(source)[0][3] = 1e30
+    return source, anchor
+
+
 def heads(family):
     return model(family, 1, labels=3), model(family, 0, labels=5)
 
@@ -93,10 +101,10 @@ def tie(source_tied: bool):
 
 
 VARIANTS = {"heads of other sizes": heads, "zero gain": zero_gain(False), "zero gain, non-zero bias": zero_gain(True),
-            "anchor's zero gain": zero_gain(False, side="anchor"), "tiny gain": tiny_gain,
+            "anchor's zero gain": zero_gain(False, side="anchor"), "tiny gain": tiny_gain, "huge gain": huge_gain,
             "untied source, tied anchor": tie(False), "tied source, untied anchor": tie(True)}
-FOLDER_VARIANTS = ("heads of other sizes", "zero gain", "untied source, tied anchor", "tied source, untied anchor",
-                   "unknown architectures")
+FOLDER_VARIANTS = ("heads of other sizes", "zero gain", "huge gain", "untied source, tied anchor",
+                   "tied source, untied anchor", "unknown architectures")
 KINDS = [k for k in RESIDUAL_CHOICES if k != "none"]
 
 

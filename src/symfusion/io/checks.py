@@ -125,6 +125,10 @@ class BlockCheck:
         """max |block_matched(h) - block_source(h)| / max |block_source(h)|; with a residual map r, the matched block
         reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|."""
         reference = self.output(layer_prefix, source)
+        if not bool(torch.isfinite(reference).all()):
+            raise SymfusionError(f"{layer_prefix.rstrip('.')}: the source's block computes non-finite outputs (NaN/inf) "
+                                 "on random hidden states though its weights are finite: it overflows in its own "
+                                 "forward pass; retrain or re-export that model")
         if r is None:
             return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
         r = r.to(self.hidden.dtype)
@@ -159,4 +163,8 @@ def whole_model_change(source: Path, matched: Path) -> float:
         model = cls.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True, trust_remote_code=False)
         outputs.append(model_outputs(model, inputs))
         del model
+        if not bool(torch.isfinite(outputs[0]).all()):
+            raise SymfusionError(f"the source model {source} computes non-finite outputs (NaN/inf) on probe inputs "
+                                 "though its weights are finite: it overflows in its own forward pass; retrain or "
+                                 "re-export that model")
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()

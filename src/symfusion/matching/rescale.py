@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from symfusion.errors import SymfusionError
+
 # A root counts as real when its imaginary part is this small relative to its modulus.
 REAL_ROOT_TOL = 1e-7
 
@@ -38,6 +40,9 @@ def quartic_roots(A: np.ndarray, B: np.ndarray, D: np.ndarray, E: np.ndarray) ->
 def best_scales(A, B, D, E) -> torch.Tensor:
     """The per-head scale a minimising eq. (11) over the real roots of eq. (12), (H,) float64."""
     A, B, D, E = (np.asarray(x, dtype=np.float64) for x in (A, B, D, E))
+    if not all(np.isfinite(x).all() for x in (A, B, D, E)):
+        raise SymfusionError("the heads' squared norms overflow float32: the model's weights (or its norm gains folded "
+                             "into the maps that read them) are too large to match; retrain or re-export that model")
     degenerate = (A <= 0) | (D <= 0)
     safe_A, safe_D = np.where(degenerate, 1.0, A), np.where(degenerate, 1.0, D)
     roots = quartic_roots(safe_A, B, safe_D, E)                       # (H, 4) complex
