@@ -77,6 +77,14 @@ def _relative_attention_inputs(skeleton, layer_path: str, layer_prefix: str, hid
                 "rel_embeddings": real.get_rel_embedding()}
 
 
+def check_outputs_finite(outputs: torch.Tensor, what: str, inputs: str = "probe inputs", detail: str = "") -> None:
+    """Refuse (one line) a source whose own outputs are NaN or inf though its weights passed arch.check_finite (a norm
+    gain of 1.7e19 overflows the next norm's variance in float32): no match can be checked against its function."""
+    if not bool(torch.isfinite(outputs).all()):
+        raise SymfusionError(f"{what} computes non-finite outputs (NaN/inf) on {inputs} though its weights are finite"
+                             f"{detail}: it overflows in its own forward pass; retrain or re-export that model")
+
+
 class BlockCheck:
     """Runs one layer's block with source and matched weights on the same random hidden states.
 
@@ -125,10 +133,7 @@ class BlockCheck:
         """max |block_matched(h) - block_source(h)| / max |block_source(h)|; with a residual map r, the matched block
         reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|."""
         reference = self.output(layer_prefix, source)
-        if not bool(torch.isfinite(reference).all()):
-            raise SymfusionError(f"{layer_prefix.rstrip('.')}: the source's block computes non-finite outputs (NaN/inf) "
-                                 "on random hidden states though its weights are finite: it overflows in its own "
-                                 "forward pass; retrain or re-export that model")
+        check_outputs_finite(reference, f"{layer_prefix.rstrip('.')}: the source's block", "random hidden states")
         if r is None:
             return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
         r = r.to(self.hidden.dtype)
@@ -163,8 +168,5 @@ def whole_model_change(source: Path, matched: Path) -> float:
         model = cls.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True, trust_remote_code=False)
         outputs.append(model_outputs(model, inputs))
         del model
-        if not bool(torch.isfinite(outputs[0]).all()):
-            raise SymfusionError(f"the source model {source} computes non-finite outputs (NaN/inf) on probe inputs "
-                                 "though its weights are finite: it overflows in its own forward pass; retrain or "
-                                 "re-export that model")
+        check_outputs_finite(outputs[0], f"the source model {source}")
     return ((outputs[1] - outputs[0]).abs().max() / outputs[0].abs().max()).item()

@@ -18,7 +18,7 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.errors import SymfusionError
 from symfusion.families import check_compatible, family_spec
-from symfusion.io.checks import tolerance_for
+from symfusion.io.checks import check_outputs_finite, tolerance_for
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
 from symfusion.io.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, MatchData, match_models
@@ -34,20 +34,17 @@ def tied(model: torch.nn.Module) -> bool:
 
 
 def output_change(model: torch.nn.Module, other: torch.nn.Module) -> float:
-    """max |f_other(x) - f(x)| / max |f(x)| on probe inputs (measures.probe_inputs, in the model's dtype). A source
-    whose own outputs are NaN or inf though its weights are finite (a norm gain of 1e19 overflows the next norm's
-    variance in float32) is refused in one line: no match can be checked against its function."""
+    """max |f_other(x) - f(x)| / max |f(x)| on probe inputs (measures.probe_inputs, in the model's dtype); a source
+    whose own outputs are not finite is refused in one line naming its largest weight (checks.check_outputs_finite)."""
     inputs = probe_inputs(model.config)
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(next(model.parameters()).dtype)
     before = model_outputs(model, inputs)
     if not bool(torch.isfinite(before).all()):
-        state = model.state_dict()
-        key = max((k for k, v in state.items() if v.is_floating_point() and v.numel()),
-                  key=lambda k: state[k].abs().max().item())
-        raise SymfusionError(f"the source model computes non-finite outputs (NaN/inf) on probe inputs though its weights "
-                             f"are finite (the largest, {state[key].abs().max().item():.3g}, in {key!r}): it overflows "
-                             "in its own forward pass; retrain or re-export that model")
+        largest = {k: v.detach().abs().max().item() for k, v in model.state_dict().items()
+                   if v.is_floating_point() and v.numel()}
+        key = max(largest, key=largest.get)
+        check_outputs_finite(before, "the source model", detail=f" (the largest, {largest[key]:.3g}, in {key!r})")
     return ((model_outputs(other, inputs) - before).abs().max() / before.abs().max().clamp_min(1e-30)).item()
 
 
