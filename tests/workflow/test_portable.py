@@ -64,11 +64,24 @@ def test_the_cap_is_offered_only_where_a_cpu_can_take_it():
     assert job_environment.portable_environment("x86_64", {"avx2", "fma", "sse2"}) == PORTABLE
     assert job_environment.portable_environment("x86_64", {"avx", "sse2"}) == {}       # no AVX2: OpenBLAS would crash
     assert job_environment.portable_environment("arm64", {"avx2", "fma"}) == {}
-    everything = job_environment.job_environment(True, True, machine="AMD64", flags={"avx2", "fma"})
+    everything = job_environment.job_environment(True, "avx2", machine="AMD64", flags={"avx2", "fma"})
     assert everything == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                           "SYMFUSION_USAGE": "1", **PORTABLE}
-    assert job_environment.job_environment(False, False, machine="x86_64", flags={"avx2", "fma"}) \
+    assert job_environment.job_environment(False, None, machine="x86_64", flags={"avx2", "fma"}) \
         == {"SYMFUSION_USAGE": "1"}
+
+
+def test_portable_across_vendors_adds_mkls_vendor_neutral_path():
+    """portable=vendors: the AVX2 caps and MKL_CBWR=COMPATIBLE (MKL's one code path alike on Intel and AMD); the
+    config's spellings of each level as Snakemake's --config and the YAML file give them."""
+    level = job_environment.portable_level
+    assert [level(v) for v in (True, "true", "True", False, "false", "vendors")] \
+        == ["avx2", "avx2", "avx2", None, None, "vendors"]
+    both = job_environment.job_environment(False, "vendors", machine="x86_64", flags={"avx2", "fma"})
+    assert both == {"SYMFUSION_USAGE": "1", **PORTABLE, "MKL_CBWR": "COMPATIBLE"}
+    assert "MKL_CBWR" not in job_environment.job_environment(False, "avx2", machine="x86_64", flags={"avx2", "fma"})
+    assert job_environment.job_environment(False, "vendors", machine="arm64", flags=set()) == {"SYMFUSION_USAGE": "1"}
+    assert not set(job_environment.ACROSS_VENDORS) & warm.PER_JOB      # a worker never serves another MKL path
 
 
 def test_a_worker_never_serves_a_job_with_another_cap():
@@ -81,10 +94,10 @@ def test_a_worker_never_serves_a_job_with_another_cap():
     assert warm.refusal(request, environment={"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2"}, **own) is None
 
 
-def capability_of_a_real_job(tmp_path, monkeypatch, *config: str) -> str:
-    """Run the smoke profile's first data job through Snakemake (in the warm worker): the torch capability its
-    result's provenance records."""
-    for key in PORTABLE:
+def machine_of_a_real_job(tmp_path, monkeypatch, *config: str) -> dict:
+    """Run the smoke profile's first data job through Snakemake (in the warm worker): the machine its result's
+    provenance records (torch's capability, MKL's code path)."""
+    for key in (*PORTABLE, "MKL_CBWR"):
         monkeypatch.delenv(key, raising=False)                    # no cap inherited from whoever runs the tests
     folder = scratch_workflow(tmp_path / "checkout")
     results = tmp_path / "results"
@@ -93,15 +106,23 @@ def capability_of_a_real_job(tmp_path, monkeypatch, *config: str) -> str:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "): exit 0 after" in (results / "smoke" / "logs" / "worker.log").read_text()   # it ran in the worker
     report = json.loads((results / "smoke" / "data" / "digits.json").read_text())
-    return report["provenance"]["machine"]["cpu_capability"]
+    return report["provenance"]["machine"]
 
 
 @pytest.mark.slow
 @needs_avx2
 def test_a_portable_run_forks_its_jobs_from_a_capped_worker(tmp_path, monkeypatch):
-    assert capability_of_a_real_job(tmp_path, monkeypatch) == "AVX2"          # conf/pipeline.yaml: portable: true
+    machine = machine_of_a_real_job(tmp_path, monkeypatch)           # conf/pipeline.yaml: portable: true
+    assert (machine["cpu_capability"], machine["mkl_cbwr"]) == ("AVX2", None)
+
+
+@pytest.mark.slow
+@needs_avx2
+def test_a_run_portable_across_vendors_takes_mkls_compatible_path(tmp_path, monkeypatch):
+    machine = machine_of_a_real_job(tmp_path, monkeypatch, "portable=vendors")
+    assert (machine["cpu_capability"], machine["mkl_cbwr"]) == ("AVX2", "COMPATIBLE")
 
 
 @pytest.mark.slow
 def test_portable_false_leaves_the_machines_kernels(tmp_path, monkeypatch):
-    assert capability_of_a_real_job(tmp_path, monkeypatch, "portable=false") == probe({})[0]["torch"]
+    assert machine_of_a_real_job(tmp_path, monkeypatch, "portable=false")["cpu_capability"] == probe({})[0]["torch"]

@@ -1,6 +1,7 @@
 """Provenance fields every result JSON carries: git commit, package versions, machine."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -64,6 +65,7 @@ def machine() -> dict:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # torch's CPU kernels: AVX2 in a portable run
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),     # COMPATIBLE in a run portable across vendors
     }
 
 

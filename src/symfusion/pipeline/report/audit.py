@@ -103,7 +103,8 @@ def build_report(inputs: list[str], output: Path, experiments: list[Experiment],
     text = [f"# symfusion reproduction report: profile `{profile}`\n",
             f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from commit "
             f"{git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''} on "
-            f"{here['machine']['cpu'] or here['machine']['processor']} ({here['machine']['cuda'] or 'no GPU'}). "
+            f"{here['machine']['cpu'] or here['machine']['processor']} ({here['machine']['cuda'] or 'no GPU'}"
+            f"{', MKL_CBWR=' + here['machine']['mkl_cbwr'] if here['machine'].get('mkl_cbwr') else ''}). "
             "Paper: Zhang et al., "
             "ICML 2025, arXiv 2502.00264; its numbers come from conf/paper/*.csv.\n",
             "## Summary\n", *[f"- {line}" for line in lines], "",
