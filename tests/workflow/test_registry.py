@@ -1,5 +1,6 @@
 """The experiment registry: every entry has a writer and every writer an entry, every matching and method it names
 exists and has a label, the Snakefile builds exactly its entries per profile, and writers follow what it declares."""
+import csv
 import dataclasses
 import re
 from pathlib import Path
@@ -133,6 +134,20 @@ def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():
     # report.md sits in results/mini and links figures/mini/<name> as ../../figures/mini/<name>
     here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
     assert here and [str(path) for path in here if not path.is_file()] == []
+
+
+def test_the_reference_across_vendors_has_the_references_files_and_columns():
+    """reference/mini_vendors (a mini run with portable=vendors, docs/reproduce.md#determinism) is what a run on the
+    other vendor's CPU is compared with: the default target's tables and figure data of reference/mini, with the same
+    columns and as many rows (a change to a table that remakes one reference must remake the other)."""
+    vendors, reference = ROOT / "reference" / "mini_vendors", ROOT / "reference" / "mini"
+    files = sorted(p.relative_to(vendors) for p in vendors.rglob("*") if p.is_file())
+    assert files and all(p.suffix == ".csv" and (reference / p).is_file() for p in files)
+    for path in files:
+        ours, theirs = (list(csv.reader((folder / path).open())) for folder in (vendors, reference))
+        assert ours[0] == theirs[0] and [row[0] for row in ours] == [row[0] for row in theirs], path
+    default = {Path(t).stem for t in expected_targets("mini", "R", "F") if t.endswith(".csv") or t.endswith(".png")}
+    assert {p.stem for p in files} == default - {"report"}
 
 
 @pytest.mark.slow
