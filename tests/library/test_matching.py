@@ -160,6 +160,19 @@ def test_polar_factor_matches_svd_and_handles_singular_heads():
     assert torch.allclose((r * m).sum(dim=(1, 2)), best, atol=1e-8)
 
 
+def test_polar_factor_of_a_huge_nearly_rank_one_cross_is_orthogonal():
+    """A cross product 1e150 times a rank-one matrix plus O(1) (what a norm gain of 1e10 folded into the maps gives
+    a head): the eigh route's r has entries near 1e288, its r^T r inf - inf = NaN, which compares false with any
+    tolerance; such a head must go to the SVD too (it did not: the descent then moved the model by NaN, refused as
+    an overflow it was not)."""
+    gen = torch.Generator().manual_seed(0)
+    u, v = (torch.randn(3, *shape, generator=gen, dtype=torch.float64) for shape in ((4, 1), (1, 4)))
+    m = 1e150 * (u @ v) + torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
+    r = polar_factor(m)
+    assert torch.allclose(r.transpose(1, 2) @ r, torch.eye(4, dtype=torch.float64).expand(3, 4, 4), atol=1e-9)
+    assert torch.allclose(r, polar_factor_svd(m))
+
+
 @pytest.mark.parametrize("family,overrides", VARIANTS, ids=VARIANT_IDS)
 def test_layers_batched_equal_layer_by_layer(family, overrides):
     """match_models solves every layer's heads in one batch and the FFN products in numpy; each layer
