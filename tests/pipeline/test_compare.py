@@ -1,5 +1,6 @@
 """symfusion-compare: agreement within tolerance, readable differences, and exit codes."""
 import csv
+import json
 import math
 
 from symfusion.pipeline.report.compare import compare_rows, main, row_label
@@ -224,3 +225,27 @@ def test_the_blanket_tolerance_alone_never_lets_a_verdict_flip_a_recorded_one_ma
     assert main(args) == 1
     (tmp_path / "ref" / "tolerances.yaml").write_text("tolerances:\n  table2.csv: {effect_low: 0.2}\n")
     assert main(args) == 0 and main(args + ["--exact"]) == 1
+
+
+def test_a_run_portable_across_vendors_is_compared_with_the_vendors_reference(tmp_path, capsys, monkeypatch):
+    """Without --reference: reference/<profile>_vendors where the run's provenance records MKL_CBWR=COMPATIBLE
+    (portable=vendors) and that folder exists, else reference/<profile>; a missing or malformed provenance is a run
+    of the default kind, never a traceback."""
+    run, figures = full_run(tmp_path, "a")
+    other = dict(ROW, ours_full="99.0")
+    for name, row in (("p", other), ("p_vendors", ROW)):
+        folder = tmp_path / "reference" / name
+        for table in ("table1.csv", "table2.csv", "multimodel.csv"):
+            write(folder / table, [row])
+        for data in ("fig3_ablation.csv", "fig4_distance.csv", "fig5_barrier.csv", "fig6_layers.csv"):
+            write(folder / "figures" / data, [row])
+    monkeypatch.chdir(tmp_path)
+    (run / "provenance.json").write_text(json.dumps({"machine": {"mkl_cbwr": "COMPATIBLE"}}))
+    assert main([str(run), "--exact"]) == 0
+    assert "reference: reference/p_vendors" in capsys.readouterr().out
+    for provenance in (json.dumps({"machine": {"mkl_cbwr": None}}), "{not json", json.dumps([1])):
+        (run / "provenance.json").write_text(provenance)
+        assert main([str(run), "--exact"]) == 1                   # against reference/p: ours_full 52 vs 99
+        assert "vs reference 99" in capsys.readouterr().out
+    (run / "provenance.json").write_text(json.dumps({"machine": {"mkl_cbwr": "COMPATIBLE"}}))
+    assert main([str(run), "--exact", "--reference", str(tmp_path / "reference" / "p")]) == 1   # as given

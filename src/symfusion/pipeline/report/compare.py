@@ -4,7 +4,8 @@
 
 RUN_DIR is results/<profile> of a new run; the files compared are the CSVs of the experiment registry's entries
 with `compare: true` (conf/experiments.yaml). The reference defaults to the committed reference run,
-reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data). It is kept apart from
+reference/<profile>/ (tables) and reference/<profile>/figures/ (figure data), or, for a run made with
+portable=vendors (its provenance.json records MKL_CBWR=COMPATIBLE), reference/<profile>_vendors/. It is kept apart from
 results/ so that a fresh clone's pipeline really runs instead of finding its outputs present. The run's
 figure data are found from the run's own report (the figures its report.md shows), wherever the command
 is run from, unless --figures says otherwise. Numbers must agree within the tolerance (absolute, in the
@@ -27,6 +28,7 @@ import argparse
 import csv
 import fnmatch
 import io
+import json
 import math
 import re
 import sys
@@ -296,6 +298,26 @@ def figures_of(run_dir: Path) -> Path | None:
     return (run_dir / links[0]).parent if links else None
 
 
+def mkl_path(run_dir: Path) -> str | None:
+    """MKL's code path the run's report job computed with (its provenance.json: `machine.mkl_cbwr`, COMPATIBLE
+    in a run with portable=vendors); None where it is not recorded or not readable."""
+    path = run_dir / "provenance.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["machine"].get("mkl_cbwr")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def default_reference(run_dir: Path, root: Path = Path("reference")) -> Path:
+    """reference/<profile>, or reference/<profile>_vendors for a run made with portable=vendors where there is
+    one (docs/reproduce.md#determinism: that run's numbers are another vendor-neutral set)."""
+    profile = run_dir.resolve().name
+    vendors = root / f"{profile}_vendors"
+    return vendors if mkl_path(run_dir) == "COMPATIBLE" and vendors.is_dir() else root / profile
+
+
 def usage_error(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -313,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="symfusion-compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="results/<profile> of the run to check")
     parser.add_argument("--figures", type=Path, help="its figures dir (default: the one its report.md shows)")
-    parser.add_argument("--reference", type=Path, help="reference results dir (default: reference/<profile>)")
+    parser.add_argument("--reference", type=Path, help="reference results dir (default: reference/<profile>; "
+                        "reference/<profile>_vendors for a run made with portable=vendors)")
     parser.add_argument("--reference-figures", type=Path, help="reference figures dir (default: <reference>/figures)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="absolute tolerance per number")
     parser.add_argument("--exact", action="store_true", help="tolerance 0: for determinism checks")
@@ -330,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     if figures is None:
         return usage_error(f"cannot tell where the figures of {args.run_dir} are (no report.md showing them); "
                            "pass --figures DIR")
-    reference = args.reference or Path("reference") / args.run_dir.resolve().name
+    reference = args.reference or default_reference(args.run_dir)
+    if args.reference is None and reference.name.endswith("_vendors"):
+        print(f"reference: {reference} (this run computed with MKL_CBWR=COMPATIBLE: portable=vendors)")
     reference_figures = args.reference_figures or reference / "figures"
     if not reference.is_dir():
         return usage_error(f"reference {reference} is not a directory; pass --reference DIR")
