@@ -24,9 +24,9 @@ PORTABLE = {
 }
 # the cap needs these (a CPU without them computes otherwise, capped or not; OpenBLAS's Haswell kernels need them)
 PORTABLE_NEEDS = ("avx2", "fma")
-# portable=vendors adds MKL's vendor-neutral code path: the SGEMMs of training, scoring and every torch.linalg
-# call then round alike on Intel and AMD CPUs (measured: a decoder trained and scored to the same 16 digits on an
-# Intel Xeon and an AMD EPYC Zen 5; docs/reproduce.md#determinism), at 1.7-2.2x the GEMMs' time
+# portable=vendors adds MKL's vendor-neutral code path (MKL's conditional numerical reproducibility): its routines
+# then take the same code on Intel and AMD CPUs (measured: a decoder trained and scored to the same 16 digits on an
+# Intel Xeon and an AMD EPYC Zen 5; docs/reproduce.md#determinism), at 1.8x the mini's CPU seconds
 ACROSS_VENDORS = {"MKL_CBWR": "COMPATIBLE"}
 PORTABLE_LEVELS = {"true": "avx2", "false": None, "vendors": "vendors"}
 
