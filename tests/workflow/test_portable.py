@@ -97,7 +97,7 @@ def test_a_worker_never_serves_a_job_with_another_cap():
 def machine_of_a_real_job(tmp_path, monkeypatch, *config: str) -> dict:
     """Run the smoke profile's first data job through Snakemake (in the warm worker): the machine its result's
     provenance records (torch's capability, MKL's code path)."""
-    for key in (*PORTABLE, "MKL_CBWR"):
+    for key in (*PORTABLE, *job_environment.ACROSS_VENDORS):
         monkeypatch.delenv(key, raising=False)                    # no cap inherited from whoever runs the tests
     folder = scratch_workflow(tmp_path / "checkout")
     results = tmp_path / "results"

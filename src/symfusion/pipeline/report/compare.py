@@ -300,22 +300,27 @@ def figures_of(run_dir: Path) -> Path | None:
 
 def mkl_path(run_dir: Path) -> str | None:
     """MKL's code path the run's report job computed with (its provenance.json: `machine.mkl_cbwr`, COMPATIBLE
-    in a run with portable=vendors); None where it is not recorded or not readable."""
+    in a run with portable=vendors); None where it is not recorded or not readable (a FIFO or device is not read)."""
     path = run_dir / "provenance.json"
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())["machine"].get("mkl_cbwr")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):                    # UnicodeDecodeError and JSON errors are ValueErrors
         return None
+    machine = record.get("machine") if isinstance(record, dict) else None
+    return machine.get("mkl_cbwr") if isinstance(machine, dict) else None
 
 
-def default_reference(run_dir: Path, root: Path = Path("reference")) -> Path:
-    """reference/<profile>, or reference/<profile>_vendors for a run made with portable=vendors where there is
-    one (docs/reproduce.md#determinism: that run's numbers are another vendor-neutral set)."""
+def default_reference(run_dir: Path, root: Path = Path("reference")) -> tuple[Path, str | None]:
+    """(reference/<profile>, None), or, for a run made with portable=vendors where there is one,
+    (reference/<profile>_vendors, why: docs/reproduce.md#determinism, that run's numbers are another vendor-neutral
+    set)."""
     profile = run_dir.resolve().name
     vendors = root / f"{profile}_vendors"
-    return vendors if mkl_path(run_dir) == "COMPATIBLE" and vendors.is_dir() else root / profile
+    if mkl_path(run_dir) == "COMPATIBLE" and vendors.is_dir():
+        return vendors, "this run computed with MKL_CBWR=COMPATIBLE: portable=vendors"
+    return root / profile, None
 
 
 def usage_error(message: str) -> int:
@@ -353,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     if figures is None:
         return usage_error(f"cannot tell where the figures of {args.run_dir} are (no report.md showing them); "
                            "pass --figures DIR")
-    reference = args.reference or default_reference(args.run_dir)
-    if args.reference is None and reference.name.endswith("_vendors"):
-        print(f"reference: {reference} (this run computed with MKL_CBWR=COMPATIBLE: portable=vendors)")
+    reference, why = (args.reference, None) if args.reference else default_reference(args.run_dir)
+    if why:
+        print(f"reference: {reference} ({why})")
     reference_figures = args.reference_figures or reference / "figures"
     if not reference.is_dir():
         return usage_error(f"reference {reference} is not a directory; pass --reference DIR")
