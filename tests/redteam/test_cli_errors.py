@@ -188,6 +188,37 @@ def test_every_bad_input_is_one_line_exit_2_and_nothing_written(world):
     assert snapshot(world) == before
 
 
+def test_compare_reads_a_hostile_provenance_as_no_record(tmp_path):
+    """symfusion-compare reads the run's provenance.json to choose reference/<profile>_vendors (portable=vendors): a
+    FIFO (never opened: it would block), a link to a device, a folder, binary bytes, a record of another shape, or a
+    COMPATIBLE record with no vendors reference: each a run of the default kind, compared with reference/<profile>,
+    in one process that ends, nothing written."""
+    row = "method,ours_full\nsimple,52.0\n"
+    for folder, text in (("run/p", row), ("reference/p", row), ("reference/p_vendors", "method,ours_full\nsimple,99.0\n")):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "table2.csv").write_text(text)
+    (tmp_path / "figs").mkdir()
+    provenance = tmp_path / "run" / "p" / "provenance.json"
+    hostile = {"fifo": lambda: os.mkfifo(provenance), "device": lambda: provenance.symlink_to("/dev/zero"),
+               "folder": lambda: provenance.mkdir(), "binary": lambda: provenance.write_bytes(b"\xff\xfe\x00{"),
+               "shape": lambda: provenance.write_text(json.dumps({"machine": ["COMPATIBLE"]}))}
+    for name, make in hostile.items():
+        make()
+        before = sorted(str(p) for p in tmp_path.rglob("*"))
+        result = subprocess.run([sys.executable, "-m", "symfusion.pipeline.report.compare", str(tmp_path / "run" / "p"),
+                                 "--figures", str(tmp_path / "figs"), "--exact"], capture_output=True, text=True,
+                                timeout=120, env=ENV, cwd=tmp_path)
+        assert result.returncode == 0 and "reference:" not in result.stdout, (name, result.stdout, result.stderr)
+        assert sorted(str(p) for p in tmp_path.rglob("*")) == before, name
+        provenance.rmdir() if provenance.is_dir() and not provenance.is_symlink() else provenance.unlink()
+    shutil.rmtree(tmp_path / "reference" / "p_vendors")
+    provenance.write_text(json.dumps({"machine": {"mkl_cbwr": "COMPATIBLE"}}))
+    result = subprocess.run([sys.executable, "-m", "symfusion.pipeline.report.compare", str(tmp_path / "run" / "p"),
+                             "--figures", str(tmp_path / "figs"), "--exact"], capture_output=True, text=True,
+                            timeout=120, env=ENV, cwd=tmp_path)
+    assert result.returncode == 0 and "reference:" not in result.stdout, result.stdout + result.stderr
+
+
 def test_compare_refuses_bad_usage_in_one_line(world, tmp_path):
     for args, expected in (([str(world / "nope")], "not a directory"),
                            ([str(world / "mine"), "--tolerance", "nan", "--figures", str(world)], "--tolerance"),

@@ -173,3 +173,15 @@ def test_braces_in_the_results_dir_are_refused(tmp_path):
     lines = stderr_lines(run)
     assert run.returncode == 2 and len(lines) == 1 and "results_dir" in lines[0] and "braces" in lines[0]
     assert list(Path(tmp_path).iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["yes", "Vendor", "avx2"])
+def test_a_mistaken_portable_value_is_one_line(tmp_path, value):
+    """`--config portable=` takes true, false or vendors (workflow/job_environment.py): anything else is one error line
+    naming the key and what it takes, when the workflow is read, nothing written."""
+    run = snakemake(ROOT, "-n", "--config", f"portable={value}", f"results_dir={tmp_path / 'r'}",
+                    f"figures_dir={tmp_path / 'f'}")
+    lines = stderr_lines(run)
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), run.stderr
+    assert "portable" in lines[0] and "vendors" in lines[0]
+    assert list(tmp_path.iterdir()) == []
