@@ -13,7 +13,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from symfusion.errors import SymfusionError
@@ -26,12 +25,12 @@ from symfusion.pipeline.data.text.lm import (LMDocuments, blocks_digest, load_lm
 from symfusion.pipeline.data.text.lm_cache import cache_path, cached_blocks, cached_text, corpora_identity
 from symfusion.pipeline.data.text.splits import SPLITS
 from symfusion.pipeline.tasks.base import Task, plain, statistics_split
-from symfusion.pipeline.tasks.lm_models import evaluate_causal_lm, llama_config, train_causal_lm
+from symfusion.pipeline.tasks.lm_models import decoder_from_scratch, evaluate_causal_lm, train_causal_lm
 
 # transformers' causal-LM classes (LlamaForCausalLM, GPT2LMHeadModel, ...): the models a causal_lm task scores
 CAUSAL_LM_CLASSES = frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 SOURCE = "lm_corpora"                     # the one source of language-modelling documents (data/text/lm.py)
-DECODER_FAMILIES = ("llama",)             # model configs a causal_lm task trains (from scratch, or a base to fine-tune)
+DECODER_FAMILIES = ("llama", "gpt2")      # model configs a causal_lm task trains (from scratch, or a base to fine-tune)
 LIMIT_SEED, EXAMPLES_SEED, STATISTICS_SEED = 2, 3, 4      # offsets of split_seed for the seeded subsets of blocks
 
 
@@ -167,8 +166,9 @@ class CausalLMTask(Task):
 
     def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
               precision: str = "auto") -> dict:
-        """A Llama-layout decoder trained from scratch with the task's tokenizer (conf/model/llama_*.yaml), or a
-        pretrained decoder fine-tuned with its own (model_cfg.base_model, e.g. conf/model/smollm2_135m.yaml)."""
+        """A Llama- or GPT-2-layout decoder trained from scratch with the task's tokenizer (conf/model/llama_*.yaml,
+        conf/model/gpt2_*.yaml), or a pretrained decoder fine-tuned with its own (model_cfg.base_model, e.g.
+        conf/model/smollm2_135m.yaml)."""
         if model_cfg.get("family") not in DECODER_FAMILIES:
             raise SymfusionError(f"model={model_cfg.get('name')} is no decoder LLM config (family "
                                  f"{model_cfg.get('family')!r}); causal_lm tasks train e.g. model=llama_mini from "
@@ -187,10 +187,7 @@ class CausalLMTask(Task):
                 return model
         else:
             tokenizer = self.tokenizer()
-            config = llama_config(model_cfg, tokenizer, self.block_size)
-
-            def build():
-                return transformers.LlamaForCausalLM(config)
+            build = decoder_from_scratch(model_cfg, tokenizer, self.block_size)
         train_blocks, validation = self.blocks("train", tokenizer), self.blocks("validation", tokenizer)
         record["unigram_baseline"] = {"validation": unigram_baseline(train_blocks, validation, len(tokenizer))}
         return train_causal_lm(

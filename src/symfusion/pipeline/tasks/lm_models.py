@@ -1,7 +1,9 @@
-"""Causal language models for the causal_lm task: their held-out token loss, a Llama-layout decoder built from a model config, and their trainer.
+"""Causal language models for the causal_lm task: their held-out token loss, Llama- and GPT-2-layout decoders built from a model config, and their trainer.
 
     evaluate_causal_lm(model, blocks)                  mean next-token loss, perplexity, per-block record
     llama_config(model_cfg, tokenizer, block_size)     conf/model/llama_*.yaml -> transformers.LlamaConfig
+    gpt2_config(model_cfg, tokenizer, block_size)      conf/model/gpt2_*.yaml -> transformers.GPT2Config
+    decoder_from_scratch(model_cfg, tokenizer, size)   the untrained *ForCausalLM of either family
     train_causal_lm(output, build, tokenizer, ...)     one training run through training.fit, saved atomically
 """
 from __future__ import annotations
@@ -28,6 +30,10 @@ SCHEDULE = "cosine"        # linear warmup, then cosine decay to 0 (training.war
 # conf/model/llama_*.yaml: the fields a Llama-layout decoder is built from, and the defaults of the optional ones
 LLAMA_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 LLAMA_DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "initializer_range": 0.02}
+# conf/model/gpt2_*.yaml: the same sizes (num_key_value_heads none: GPT-2's heads each have their keys and values)
+GPT2_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+GPT2_DEFAULTS = {"layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "initializer_range": 0.02, "dropout": 0.0,
+                 "activation_function": "gelu_new"}
 
 
 # ---------------------------------------------------------------- evaluation
@@ -79,6 +85,40 @@ def llama_config(model_cfg: dict, tokenizer, block_size: int) -> transformers.Ll
         attention_bias=False, mlp_bias=False, attention_dropout=0.0, hidden_act="silu",
         bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
         architectures=["LlamaForCausalLM"])
+
+
+def gpt2_config(model_cfg: dict, tokenizer, block_size: int) -> transformers.GPT2Config:
+    """The GPT2Config of a from-scratch decoder: learned positions (block_size of them), LayerNorm, biases, GELU,
+    one dropout rate for embeddings, residuals and attention (0 unless the config says), untied embeddings unless the
+    config says otherwise; vocabulary = the tokenizer's."""
+    missing = [f for f in GPT2_FIELDS if f not in model_cfg]
+    if missing:
+        raise SymfusionError(f"model config {model_cfg.get('name')} lacks {missing}; see conf/model/gpt2_mini.yaml")
+    sizes = {f: int(model_cfg[f]) for f in GPT2_FIELDS}
+    if min(sizes.values()) < 1 or sizes["hidden_size"] % sizes["num_attention_heads"]:
+        raise SymfusionError(f"model {model_cfg.get('name')}: {sizes} must be positive, with hidden_size divisible by "
+                             "num_attention_heads")
+    options = {**GPT2_DEFAULTS, **{k: model_cfg[k] for k in GPT2_DEFAULTS if k in model_cfg}}
+    dropout = float(options["dropout"])
+    if not 0.0 <= dropout < 1.0:
+        raise SymfusionError(f"model {model_cfg.get('name')}: dropout={dropout} must lie in [0, 1)")
+    eos = tokenizer.eos_token_id
+    return transformers.GPT2Config(
+        vocab_size=len(tokenizer), n_positions=int(block_size), n_embd=sizes["hidden_size"],
+        n_layer=sizes["num_hidden_layers"], n_head=sizes["num_attention_heads"], n_inner=sizes["intermediate_size"],
+        activation_function=str(options["activation_function"]), layer_norm_epsilon=float(options["layer_norm_epsilon"]),
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        tie_word_embeddings=bool(options["tie_word_embeddings"]), initializer_range=float(options["initializer_range"]),
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, architectures=["GPT2LMHeadModel"])
+
+
+def decoder_from_scratch(model_cfg: dict, tokenizer, block_size: int) -> Callable[[], torch.nn.Module]:
+    """build() of an untrained decoder of the config's family: LlamaForCausalLM (llama) or GPT2LMHeadModel (gpt2)."""
+    if model_cfg.get("family") == "gpt2":
+        config = gpt2_config(model_cfg, tokenizer, block_size)
+        return lambda: transformers.GPT2LMHeadModel(config)
+    config = llama_config(model_cfg, tokenizer, block_size)
+    return lambda: transformers.LlamaForCausalLM(config)
 
 
 def parameter_counts(model: torch.nn.Module) -> dict:
