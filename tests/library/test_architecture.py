@@ -14,7 +14,7 @@ PACKAGE = SRC / "symfusion"
 LAYERS = [
     ("library", ["symfusion"]),
     ("library: model folders", ["symfusion.io"]),
-    ("library: align()", ["symfusion.api"]),
+    ("library: align()", ["symfusion.api", "symfusion.many"]),
     ("pipeline plumbing", ["symfusion.pipeline"]),        # config, warm, allocator, revisions, training, packing, ...
     ("data sources", ["symfusion.pipeline.data"]),
     ("tasks", ["symfusion.pipeline.tasks"]),
@@ -22,7 +22,7 @@ LAYERS = [
     ("entry points", ["symfusion.pipeline.cli"]),        # the console scripts: each imports its own stage lazily
 ]
 PIPELINE = "symfusion.pipeline"
-MAX_TOP_LEVEL = 12            # modules and packages a library user imports from symfusion/ (besides __init__)
+MAX_TOP_LEVEL = 13            # modules and packages a library user imports from symfusion/ (besides __init__)
 
 
 def module_name(path: Path) -> str:
