@@ -1,0 +1,188 @@
+"""Benchmark: Generalized LMC's own data-free weight matching beside symfusion's full_symmetry on the same GPT-2 pairs, scored alike.
+
+    python benchmarks/bench_glmc.py --glmc-checkout /work/glmc --glmc-python /work/glmc-venv/bin/python \
+        --models /work/glmc-models/seed0 /work/glmc-models/seed1 /work/glmc-models/seed2 --work /tmp/glmc-run \
+        [--ours full_symmetry] [--output results.json]
+
+The peer (Theus et al., "Generalized Linear Mode Connectivity for Transformers", github
+antoniohonsell/Generalized-LMC-for-Transformers) runs in its own environment (benchmarks/glmc/setup_glmc.sh: a
+checkout of its repository and a venv with transformers 4.50.1, einops, POT): for each pair, a subprocess runs
+benchmarks/glmc/glmc_driver.py there, which calls its GPTMerger and returns each curve's per-block losses on our
+test blocks (the lm_english test split of the mini profile, 128 blocks of 128 tokens, cut with the models' own
+BPE). Ours runs here: unmatched (the raw folders) and each --ours matching (symfusion.align on the standard GPT-2
+folders, a standard GPT2LMHeadModel folder out), evaluated by the causal_lm task. Pairs: every later model onto
+every earlier one (seed1 onto seed0, seed2 onto seed0, seed2 onto seed1). Every curve has 11 points, alpha = 1 the
+anchor, and both of our barriers: max - min of the loss along the path (the paper's) and max above the straight
+line between the end losses. Over pairs: mean and 95% t interval (report/spread.over_pairs), and the paired
+difference ours - theirs. Printed as a markdown table; --output writes every number as JSON (a new file).
+--work must be a new folder: it receives the blocks, the driver's curves and our matched folders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import symfusion
+from symfusion.interpolation import barrier_height, barrier_range, loss_path
+from symfusion.io.modelio import load_model, load_tokenizer
+from symfusion.pipeline.config import load_group
+from symfusion.pipeline.data.text.bpe import tokenizer_digest
+from symfusion.pipeline.report.spread import over_pairs
+from symfusion.pipeline.tasks import make_task
+
+DRIVER = Path(__file__).resolve().parent / "glmc" / "glmc_driver.py"
+THEIRS = ("vanilla", "circuit_unmatched", "weight_matching", "permutations_only")
+LABELS = {"unmatched": "unmatched (ours, raw GPT-2)", "vanilla": "theirs: vanilla (raw GPT-2, their env)",
+          "circuit_unmatched": "theirs: circuit form, unmatched", "weight_matching": "theirs: weight matching (data-free)",
+          "permutations_only": "theirs: weight matching, permutations only"}
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def curve(losses: list[float], alphas: list[float]) -> dict:
+    return {"alphas": alphas, "loss": losses, "barrier": barrier_range(losses),
+            "barrier_linear": barrier_height(alphas, losses)}
+
+
+def theirs(args, anchor: Path, source: Path, blocks: torch.Tensor, work: Path) -> dict:
+    """The peer's curves, from its driver in its environment: each point's mean loss over every predicted token."""
+    save_file({"blocks": blocks.contiguous()}, str(work / "blocks.safetensors"))
+    command = [args.glmc_python, str(DRIVER), "--checkout", args.glmc_checkout, "--anchor", str(anchor), "--source",
+               str(source), "--blocks", str(work / "blocks.safetensors"), "--output", str(work / "glmc.json"),
+               "--points", str(args.points), "--iterations", str(args.iterations), "--forms", *args.theirs]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONNOUSERSITE": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"error: Generalized LMC's driver failed on {source} onto {anchor}:\n{done.stderr[-3000:]}")
+    result = json.loads((work / "glmc.json").read_text())
+    tokens = result["tokens_per_block"] * result["blocks"]
+    return {name: {**curve([math.fsum(row) / tokens for row in form["block_loss"]], form["alphas"]),
+                   "seconds": form["seconds"]} for name, form in result["forms"].items()} | {
+        "_versions": result["versions"]}
+
+
+def ours(args, task, anchor: Path, source: Path, work: Path) -> dict:
+    """Unmatched and each matching of ours: a standard GPT-2 folder written by symfusion.align, its loss path."""
+    anchor_model = load_model(anchor)
+    evaluate = lambda m: task.evaluate(m, "test", model_dir=str(anchor))             # noqa: E731
+    anchor_state = {k: v.detach().clone() for k, v in anchor_model.state_dict().items()}
+    records = {}
+    for name in ["unmatched", *args.ours]:
+        start = time.perf_counter()
+        folder = source
+        if name != "unmatched":
+            folder = work / name
+            data = task.statistic_batches(args.data_batches, anchor, split="train") if "learned" in name else None
+            symfusion.align(str(source), str(anchor), name, output=str(folder), data=data)
+        seconds = time.perf_counter() - start
+        moved = {k: v.detach().clone() for k, v in load_model(folder).state_dict().items()}
+        path = loss_path(load_model(anchor), anchor_state, moved, evaluate, args.points)
+        losses = [p["loss"] for p in path["path"]]
+        records[name] = {**curve(losses, [p["alpha"] for p in path["path"]]), "seconds": seconds}
+    return records
+
+
+def table(pairs: list[str], results: dict, kind: str) -> list[str]:
+    """Rows per curve: the barrier per pair, mean [95% t] over pairs, and the mean as % of ours unmatched."""
+    names = [n for n in results[pairs[0]] if not n.startswith("_")]
+    unmatched = over_pairs({p: results[p]["unmatched"][kind] for p in pairs})["mean"]
+    lines = [f"| curve ({kind}) | " + " | ".join(pairs) + " | mean [95% t over pairs] | % of unmatched |",
+             "|---|" + "---|" * (len(pairs) + 2)]
+    for name in names:
+        spread = over_pairs({p: results[p][name][kind] for p in pairs})
+        interval = f" [{spread['low']:.3f}, {spread['high']:.3f}]" if spread["low"] is not None else ""
+        lines.append(f"| {LABELS.get(name, 'ours: ' + name)} | " + " | ".join(f"{results[p][name][kind]:.3f}" for p in pairs)
+                     + f" | {spread['mean']:.3f}{interval} | "
+                     + (f"{100 * spread['mean'] / unmatched:.1f}% |" if unmatched > 0 else "n/a |"))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--glmc-checkout", required=True, help="their repository's working tree (setup_glmc.sh)")
+    parser.add_argument("--glmc-python", required=True, help="the Python of their environment (setup_glmc.sh)")
+    parser.add_argument("--models", nargs="+", required=True, help="GPT-2 folders trained on --task (2 or more)")
+    parser.add_argument("--work", required=True, help="a new folder for blocks, curves and matched folders")
+    parser.add_argument("--task", default="lm_english")
+    parser.add_argument("--ours", nargs="*", default=["full_symmetry"], help="symfusion matching presets")
+    parser.add_argument("--theirs", nargs="+", default=list(THEIRS), choices=THEIRS)
+    parser.add_argument("--points", type=int, default=11)
+    parser.add_argument("--iterations", type=int, default=15, help="their weight matching's alternations")
+    parser.add_argument("--data-batches", type=int, default=200, help="train batches of our learned variants")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", help="JSON of every number (a new file)")
+    args = parser.parse_args()
+    models = [Path(m) for m in args.models]
+    for path, what in ((Path(args.glmc_checkout) / "merger.py", "--glmc-checkout has no merger.py"),
+                       (Path(args.glmc_python), "--glmc-python does not exist"), *((m / "config.json", f"{m} is no "
+                                                                                    "model folder") for m in models)):
+        if not path.exists():
+            print(f"error: {what}", file=sys.stderr)
+            return 2
+    if len(models) < 2 or Path(args.work).exists() or (args.output and Path(args.output).exists()):
+        print("error: give 2 or more --models, a new --work folder and a new --output file", file=sys.stderr)
+        return 2
+    digests = {tokenizer_digest(load_tokenizer(m)) for m in models}
+    if len(digests) != 1:
+        print("error: the models carry different tokenizers; train them on one task", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    task = make_task(args.task, load_group("profile", "mini"))
+    blocks = task.blocks("test", load_tokenizer(models[0]))
+    results, pairs = {}, []
+    for j in range(1, len(models)):
+        for i in range(j):
+            pair = f"{models[j].name}:{models[i].name}"
+            work = Path(args.work) / pair.replace(":", "-onto-")
+            work.mkdir(parents=True)
+            start = time.perf_counter()
+            results[pair] = {**ours(args, task, models[i], models[j], work),
+                             **theirs(args, models[i], models[j], blocks, work)}
+            pairs.append(pair)
+            print(f"{pair}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    differences = {}
+    for kind in ("barrier", "barrier_linear"):
+        for name in args.ours:
+            for peer in ("weight_matching", "vanilla"):
+                if peer in args.theirs:
+                    differences[f"{name} - {peer} ({kind})"] = over_pairs(
+                        {p: results[p][name][kind] - results[p][peer][kind] for p in pairs})
+    agreement = max(abs(a - b) for p in pairs for a, b in zip(results[p]["unmatched"]["loss"],
+                                                            results[p].get("vanilla", results[p]["unmatched"])["loss"]))
+    header = (f"{cpu_name()}, {args.threads} thread(s); {len(blocks)} test blocks of {blocks.shape[1]} tokens; "
+              f"{args.points} points; their versions {results[pairs[0]]['_versions']}")
+    print(f"# Beside Generalized LMC ({header})\n")
+    for kind in ("barrier_linear", "barrier"):
+        print("\n".join(table(pairs, results, kind)) + "\n")
+    print("| paired difference over pairs | mean | 95% t |\n|---|---|---|")
+    for name, spread in differences.items():
+        low = "n/a" if spread["low"] is None else f"[{spread['low']:+.3f}, {spread['high']:+.3f}]"
+        print(f"| {name} | {spread['mean']:+.3f} | {low} |")
+    print(f"\nlargest |our unmatched - their vanilla| loss over every point: {agreement:.2e} nats")
+    print("seconds per pair: " + "; ".join(f"{n} " + "/".join(f"{results[p][n]['seconds']:.1f}" for p in pairs)
+                                          for n in results[pairs[0]] if not n.startswith("_")))
+    if args.output:
+        with open(args.output, "x") as handle:
+            json.dump({"cpu": cpu_name(), "threads": args.threads, "pairs": pairs, "results": results,
+                       "differences": differences, "unmatched_vs_vanilla": agreement}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
