@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from symfusion.errors import NOTES, SymfusionError, as_symfusion_error
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, end_progress, erase_progress, progress_shown
 from symfusion.io.checks import WHOLE_MODEL_CHECK_BYTES
 from symfusion.io.loaded import match_folders_in_memory, match_modules
 from symfusion.io.modelio import write_json
@@ -45,7 +45,8 @@ WRITER = "symfusion-match / align()"
 
 def align(source, anchor, matching: MatchConfig | str = "rotation", output: str | Path | None = None,
           layers=None, last_layers: int | None = None, max_relative_output_change: float = 1e-3,
-          data: list[dict] | None = None, in_memory: bool | None = None, record: dict | None = None):
+          data: list[dict] | None = None, in_memory: bool | None = None, record: dict | None = None,
+          progress: bool | None = None):
     """Move `source` onto `anchor` by a function-preserving symmetry; returns (matched, report).
 
     source, anchor: two nn.Modules, or two save_pretrained folders (then output=DIR is required).
@@ -54,10 +55,12 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     a MatchConfig. layers / last_layers: match only some layers. data: batches of model inputs (with labels) for
     the variants that read activations or the loss (full_symmetry_learned), refused by the others. in_memory
     (folders, whole-group variants): True loads both models, False streams their layers, None loads them when they
-    are small. record: more fields for the report (a command's provenance, where its data came from).
+    are small. record: more fields for the report (a command's provenance, where its data came from). progress: a bar
+    with the time left on stderr per layer and per descent pass (None: on when stderr is a terminal, or as
+    SYMFUSION_PROGRESS says; progress never changes the result).
     """
     config, layers = _check_arguments(source, anchor, matching, output, layers, last_layers, max_relative_output_change,
-                                      data, in_memory, record)
+                                      data, in_memory, record, progress)
     if config.needs_data and not data:
         raise SymfusionError("this matching reads the models' activations or loss: give data=[batches of model inputs, "
                              "with labels]")
@@ -66,24 +69,34 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
                              "(full_symmetry_learned)")
     name = matching if isinstance(matching, str) else preset_of(config)
     try:
-        if isinstance(source, torch.nn.Module):
-            noted = len(NOTES)
-            with _as_given(source, anchor):
-                matched, transform, fields = match_modules(source, anchor, config, layers, last_layers,
-                                                           max_relative_output_change, data)
-            return matched, {**report_of(name, config, fields, transform, data, NOTES[noted:]), **(record or {}),
-                             "transform": transform}
-        return _align_folders(Path(source), Path(anchor), output, config, name, layers, last_layers,
-                              max_relative_output_change, data, in_memory, record)
-    except Exception as error:          # noqa: BLE001 - the system's errors (no space left, ...) become one line
-        translated = as_symfusion_error(error)
+        with progress_shown(progress):
+            found = _align(source, anchor, config, name, output, layers, last_layers, max_relative_output_change, data,
+                           in_memory, record)
+            end_progress()
+            return found
+    except BaseException as error:      # noqa: BLE001 - the system's errors (no space left, ...) become one line
+        erase_progress()                # the bars go before the error is said
+        translated = as_symfusion_error(error) if isinstance(error, Exception) else None
         if translated is None or translated is error:
             raise
         raise translated from error
 
 
+def _align(source, anchor, config: MatchConfig, name, output, layers, last_layers, tolerance: float, data, in_memory,
+           record):
+    """align() once its arguments are checked."""
+    if isinstance(source, torch.nn.Module):
+        noted = len(NOTES)
+        with _as_given(source, anchor):
+            matched, transform, fields = match_modules(source, anchor, config, layers, last_layers, tolerance, data)
+        return matched, {**report_of(name, config, fields, transform, data, NOTES[noted:]), **(record or {}),
+                         "transform": transform}
+    return _align_folders(Path(source), Path(anchor), output, config, name, layers, last_layers, tolerance, data,
+                          in_memory, record)
+
+
 def _check_arguments(source, anchor, matching, output, layers, last_layers, tolerance, data, in_memory,
-                     record) -> tuple:
+                     record, progress) -> tuple:
     """align()'s arguments, each of its type (one SymfusionError line naming the first that is not); (the
     MatchConfig, the layer indices as a list or None)."""
     def refuse(name: str, value, wanted: str):
@@ -113,6 +126,8 @@ def _check_arguments(source, anchor, matching, output, layers, last_layers, tole
         refuse("in_memory", in_memory, "True, False or None")
     if record is not None and not (isinstance(record, Mapping) and all(isinstance(k, str) for k in record)):
         refuse("record", record, "a dict of report fields (str keys) or None")
+    if progress is not None and not isinstance(progress, bool):
+        refuse("progress", progress, "True, False or None")
     return (matching_config(matching) if isinstance(matching, str) else matching), layers
 
 

@@ -1,12 +1,16 @@
-"""The one exception type for bad user input, the one translation of the operating system's and file readers' errors into its one-line message, and the notes a command prints once it has succeeded."""
+"""The one exception type for bad user input, the one translation of the operating system's and file readers' errors into its one-line message, the notes a command prints once it has succeeded, and the progress it shows meanwhile on a terminal."""
 from __future__ import annotations
 
 import errno
+import os
 import re
+import sys
 import warnings
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from safetensors import SafetensorError
+from tqdm import tqdm
 
 
 class SymfusionError(Exception):
@@ -31,6 +35,7 @@ def said_on_success(stream):
     try:
         with warnings.catch_warnings(record=True) as caught:
             yield
+        end_progress()
         for found in caught:
             warnings.showwarning(found.message, found.category, found.filename, found.lineno)
         for line in dict.fromkeys(NOTES):
@@ -73,3 +78,101 @@ def as_symfusion_error(error: BaseException) -> SymfusionError | None:
             return SymfusionError(f"a safetensors file could not be written ({text})")
         return SymfusionError(f"a safetensors file could not be read ({text}); re-export the model")
     return None
+
+
+# Progress of long work (a folder's layers, descent passes, training steps, a sweep's points): a bar with the time
+# left on stderr, shown on a terminal and off otherwise (pipes, Snakemake's logs, CI). SYMFUSION_PROGRESS=on|off|auto
+# (auto, the default: on when stderr is a terminal) switches it for the commands; align(progress=...) for one call.
+PROGRESS_VARIABLE = "SYMFUSION_PROGRESS"
+_SETTINGS = {"on": True, "1": True, "off": False, "0": False, "auto": None, "": None}
+_CHOSEN: ContextVar[bool | None] = ContextVar("symfusion_progress", default=None)      # progress_shown's choice
+
+
+def progress_wanted(progress: bool | None = None) -> bool:
+    """Whether long work shows its progress: `progress` when given, else the enclosing progress_shown's choice,
+    else SYMFUSION_PROGRESS (a value other than on, off, auto is a SymfusionError), else whether stderr is a
+    terminal."""
+    if progress is not None:
+        return bool(progress)
+    if _CHOSEN.get() is not None:
+        return _CHOSEN.get()
+    setting = os.environ.get(PROGRESS_VARIABLE, "").strip().lower()
+    if setting not in _SETTINGS:
+        raise SymfusionError(f"{PROGRESS_VARIABLE}={setting!r}: give on, off or auto (auto: progress on a terminal)")
+    chosen = _SETTINGS[setting]
+    return chosen if chosen is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+@contextmanager
+def progress_shown(progress: bool | None):
+    """Long work inside the block shows its progress or not as `progress` says (None: progress_wanted's default)."""
+    token = _CHOSEN.set(progress_wanted(progress))
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+_OPEN: list[list] = []           # the bars being drawn, outermost first (each in a list of its own: one per loop)
+_LEFT: list = []                 # the bars of loops left early: ended by the next bar or end_progress, or erased
+
+
+def steps(items, what: str, unit: str = "step", total: int | None = None):
+    """`items` one by one; while progress_wanted(), a bar on stderr shows how many of `total` (len(items) when it
+    has one) `what` are done and the time left. One line at a time: a loop inside another's shows its count on that
+    bar's line. A bar ends on its line at its last count; a loop left early (a converged descent's break, or an
+    error) keeps its bar open, ended at 100% by the next bar or end_progress (a command's success), or erased by
+    erase_progress (before a refusal's one line, so that line is all a terminal shows)."""
+    total = len(items) if total is None and hasattr(items, "__len__") else total
+    if not progress_wanted():
+        yield from items
+        return
+    own = not _OPEN
+    if own:
+        end_progress()
+    bar = tqdm(total=total, desc=what, unit=unit, file=sys.stderr, position=0, leave=True, dynamic_ncols=True) \
+        if own else _OPEN[-1][0]
+    entry, done, ended = [bar], 0, "left"
+    _OPEN.append(entry)
+    try:
+        for item in items:
+            if not own:
+                bar.set_postfix_str(f"{what} {done}/{'?' if total is None else total}")
+            yield item
+            done += 1
+            if own:
+                bar.update()
+        ended = "done"
+    except GeneratorExit:        # the caller left the loop (a break, an error in its body): the bar waits
+        raise
+    except BaseException:        # `items` itself failed
+        ended = "failed"
+        raise
+    finally:
+        _OPEN[:] = [e for e in _OPEN if e is not entry]
+        if not own:
+            if not bar.disable:
+                bar.set_postfix_str("", refresh=False)
+        elif ended == "left":
+            bar.update()             # the step in hand when the loop was left
+            bar.total = bar.n
+            _LEFT.append(bar)
+        else:
+            bar.leave = ended == "done"
+            bar.close()
+
+
+def end_progress() -> None:
+    """End the bars of loops left early at their last count (a command's success; the next bar)."""
+    for bar in _LEFT:
+        bar.close()
+    _LEFT.clear()
+
+
+def erase_progress() -> None:
+    """Erase every bar on the terminal (the CLIs and align() call it before a refusal's one line)."""
+    for bar in [entry[0] for entry in reversed(_OPEN)] + _LEFT:
+        bar.leave = False
+        bar.close()
+    _OPEN.clear()
+    _LEFT.clear()

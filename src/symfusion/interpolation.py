@@ -5,7 +5,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 
 
 def alpha_grid(points: int = 11) -> list[float]:
@@ -43,7 +43,7 @@ def loss_path(
     """Evaluate the model at every alpha (alpha=1 is the anchor A, alpha=0 the source B)."""
     alphas = alpha_grid(points)
     rows = []
-    for alpha in alphas:
+    for alpha in steps(alphas, "path points", "point"):
         model.load_state_dict(interpolate(anchor, source, alpha))
         rows.append({"alpha": alpha, **evaluate(model.eval())})
     losses = [row["loss"] for row in rows]

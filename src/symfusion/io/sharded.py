@@ -28,7 +28,7 @@ from transformers.core_model_loading import revert_weight_conversion
 
 from symfusion.arch import ModelLayout, check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.families import check_compatible, family_spec
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.io.folder import INDEX, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
@@ -253,7 +253,7 @@ def match_folders(
     pairs = distance_pairs(src, anc, layout)
     before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
     done: set[str] = set()
-    for i in indices:
+    for i in steps(indices, "matching layers", "layer"):
         keys = layer_keys(src, layout, i)
         s_layer, a_all = src.read(keys, torch.float32), anc.read([k for k in keys if k in anc.weight_map], torch.float32)
         a_layer = {k: a_all[k] for k in layout.stored_keys(layout.layer_keys(i))}

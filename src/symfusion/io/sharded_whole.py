@@ -21,7 +21,7 @@ from typing import Mapping
 import torch
 
 from symfusion.arch import ModelLayout
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.matching import MatchConfig
 from symfusion.matching.compose import StageClock, match_blocks
 from symfusion.matching.descent import descend
@@ -80,7 +80,7 @@ def _paper(pair: _Pair, config: MatchConfig, clock: StageClock) -> dict[int, Lay
     """The block matching alone (for the paper's encoders, the paper's), solved on the models as they are: the
     descent's first candidate."""
     blocks = {}
-    for i in range(pair.layout.num_layers):
+    for i in steps(range(pair.layout.num_layers), "block matching", "layer"):
         keys = pair.layer_keys(i)
         raw = [folder.read(keys, torch.float32) for folder in (pair.src, pair.anc)]
         blocks[i] = match_blocks(*raw, pair.layout, config, layers=[i], clock=clock).transform.layers.get(i, LayerTransform())
@@ -154,7 +154,8 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     pairs = distance_pairs(src, anc, layout)
     before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
     gains = {}
-    for i, keys, stored_source, anchor_part, moved, part_gains in _moved_parts(pair, r, blocks):
+    for i, keys, stored_source, anchor_part, moved, part_gains in steps(_moved_parts(pair, r, blocks), "writing layers",
+                                                                        "part", pair.layout.num_layers + 1):
         gains.update(part_gains)
         stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}
         tied_elsewhere = [a for s, a in pairs.values() if s in stored_source and a not in anchor_part]

@@ -25,6 +25,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from symfusion.errors import steps
 from symfusion.matching.compose import MatchConfig, StageClock, match_attention_layers, match_layer_ffn
 from symfusion.matching.heads import head_scores, pair_crosses, rotation_values
 from symfusion.matching.continuous import TOL, continuous
@@ -127,7 +128,7 @@ def block_pass(pair, r: torch.Tensor, config: MatchConfig, previous: Mapping[int
     certify_heads = (config.permutes_heads(layout) and config.attention == "rotation" and layout.layers[0].attention.group == 1
                      and not config.joint)
     blocks = {}
-    for i in range(layout.num_layers):
+    for i in steps(range(layout.num_layers), "block solves", "layer"):
         att, before = layout.layers[i].attention, None if previous is None else previous[i]
         ffn_memo, head_memo = memos.get((i, "ffn")), memos.get((i, "heads"))
         ffn_held = certify_ffn and ffn_memo is not None and ffn_memo.holds(r, norms)
@@ -188,7 +189,7 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
     with clock("blocks"):
         blocks = block_pass(pair, r0, config, None, clock, memos)
     r, history, inner, converged, solves = r0, [], [], False, 1
-    for outer in range(MAX_OUTER):
+    for outer in steps(range(MAX_OUTER), "descent passes", "pass"):
         r, blocks, dist, info = continuous(pair, group, r, blocks, config, clock, TOL, cache)
         history.append(dist)
         inner.append(info)

@@ -34,7 +34,7 @@ import torch
 from torch.func import functional_call
 
 from symfusion.arch import ModelLayout
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.matching.residual import gauge_gains
 from symfusion.stream import StreamLayout, centred_basis, is_signed_permutation, rotate_stream, unfold_norms
 from symfusion.symmetry import LayerTransform, Transform, apply_blocks, plane_rotations
@@ -294,7 +294,7 @@ def refine_by_loss(fs: Mapping[str, torch.Tensor], fa: Mapping[str, torch.Tensor
         return top
 
     with torch.enable_grad():
-        for step in range(settings.steps):
+        for step in steps(range(settings.steps), "refinement steps", "step"):
             batch = batches[step % len(batches)]
             loss = highest(batch) if settings.minimax else path.loss(*state(), float(alphas[step]), batch)
             optimiser.zero_grad()

@@ -22,7 +22,8 @@ from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
 from symfusion.pipeline.config import (check_data_options, check_values, choice, compose_config, given_options,
                               integer, listing, mapping, number, text)
-from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, note, said_on_success
+from symfusion.errors import (NOTES, SymfusionError, as_symfusion_error, erase_progress, note, progress_wanted,
+                              said_on_success)
 
 # The exit code of a command stopped by Ctrl-C (SIGINT), as a shell reports a process killed by it, and its line:
 # the output it was writing is not swapped in (outputs.py removes the temp; a previous result stays).
@@ -54,6 +55,7 @@ def report_errors(command):
             line = error_line(error)
             if line is None:
                 raise
+            erase_progress()                   # a terminal shows the one line alone
             kept = marks.WRITTEN[cached:]      # caches are no outputs: what this run completed stays, for the next
             print(line + (f" (kept {len(kept)} cache file(s) it completed, in {kept[0].parent})" if kept else ""),
                   file=sys.stderr)
@@ -311,6 +313,7 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     try:
         if flags:
             raise SymfusionError(f"unknown flag {flags[0]}; options are KEY=VALUE overrides (see --help)")
+        progress_wanted()                # SYMFUSION_PROGRESS is on, off or auto
         cfg = compose_config(config_name, argv)
         check_values(cfg, CHECKS[config_name])
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
@@ -344,6 +347,7 @@ def run_command(config_name: str, argv: list[str]) -> int:
     try:
         return command_line(config_name, COMMANDS[config_name], argv)
     except KeyboardInterrupt:            # Ctrl-C: one line, no traceback (the output's temp is already gone)
+        erase_progress()
         print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:

@@ -24,9 +24,8 @@ from typing import Callable
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.io.marks import HOST, mark, marked_folder, own_folder, remove_own
 from symfusion.io.outputs import folder_marker, swap_in
 
@@ -222,15 +221,13 @@ def training_run(output):
 def train_epoch(loader, optimizer, scheduler, description: str, batch_loss) -> float:
     """One pass over `loader` (the caller sets train mode): step on batch_loss(batch); the mean training loss."""
     running = 0.0
-    bar = tqdm(loader, desc=description, mininterval=5.0, leave=False, disable=None)   # no bar in a log
-    for batch in bar:
+    for batch in steps(loader, description, "batch"):             # on a terminal only (errors.progress_wanted)
         loss = batch_loss(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
         running += loss.item()
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     return running / len(loader)
 
 

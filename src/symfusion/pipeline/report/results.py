@@ -20,7 +20,7 @@ import jsonschema
 import matplotlib
 
 from symfusion.pipeline.config import CONF_DIR
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.fusion import FUSION_METHODS
 from symfusion.io.outputs import safe_output, writing_together
 
@@ -66,7 +66,7 @@ def read_json(path: str | Path) -> dict:
 def check_inputs(paths: list[str], shapes: dict[str, dict], artefact: str) -> None:
     """Every input against the JSON Schema its kind has in a writer's SHAPES (kind: a folder's report name, or
     RESULT_FILE): the first one that does not fit is one error line naming the file, the place and the problem."""
-    for path in paths:
+    for path in steps(paths, "checking inputs", "file"):
         kind, file = result_file(path)
         schema = shapes.get(kind)
         if schema is None:

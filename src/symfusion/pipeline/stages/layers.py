@@ -16,7 +16,7 @@ import torch
 
 from symfusion.arch import layout_of
 from symfusion.families import family_spec
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.io.modelio import write_json
 from symfusion.io.outputs import file_marker, safe_output
@@ -77,7 +77,7 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
         check_same_body(models["source"], models["anchor"], source, anchor)
         keys = body_keys(models["anchor"])
         start, rows, measured = time.perf_counter(), [], {}
-        for subset in subsets(layout.num_layers):
+        for subset in steps(subsets(layout.num_layers), "layer subsets", "subset"):
             layers = tuple(subset["layers"])
             if layers not in measured:       # the last single layer is the tail of 1: one merge serves both rows
                 transform = match_models(source_state, anchor_state, layout, matching, layers=subset["layers"]).transform
