@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, end_progress, erase_progress, progress_shown
 from symfusion.families import check_compatible
 from symfusion.io.checks import tolerance_for
 from symfusion.io.loaded import output_change, tied
@@ -34,13 +34,16 @@ FLOAT32_NORMS = 1e-5         # the same where transformers' RMSNorms normalise i
 
 
 def align_many(models, matching: MatchConfig | str = "full_symmetry", output=None,
-               max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS):
+               max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS,
+               progress: bool | None = None):
     """Move k >= 2 nn.Modules of one family and shapes into one shared basis; returns (aligned modules, report).
 
     matching: a data-free matching preset or MatchConfig (full_symmetry, the default; any variant without data:
     rotation, git_rebasin, ...), the pairwise solver of each step. output: folders are not taken yet (None).
-    max_rounds: rounds of the alternation after the start (each k pairwise solves)."""
-    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds)
+    max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
+    left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
+    says; it never changes the result)."""
+    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress)
     models = list(models)
     for i, model in enumerate(models[1:], 1):
         check_compatible(models[0].config, model.config, "model 0", f"model {i}")
@@ -58,12 +61,17 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     keys = floating_keys(states[0], skip=ties)
     modes = [(m, m.training) for model in models for m in model.modules()]
     try:
-        universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
+        with progress_shown(progress):
+            universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
+            end_progress()
         aligned, checks = [], []
         for model, state, transform in zip(models, universe.aligned, universe.transforms):
             matched, check = _checked(model, state, transform, layout, max_relative_output_change)
             aligned.append(matched)
             checks.append(check)
+    except BaseException:
+        erase_progress()                # the bars go before the error is said
+        raise
     finally:
         for m, training in modes:
             m.training = training
@@ -75,7 +83,7 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
         "checks": checks, "seconds": universe.seconds, "transforms": universe.transforms}
 
 
-def _check_arguments(models, matching, output, tolerance, max_rounds) -> MatchConfig:
+def _check_arguments(models, matching, output, tolerance, max_rounds, progress) -> MatchConfig:
     """align_many()'s arguments, each of its type (one SymfusionError line naming the first that is not)."""
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
         raise SymfusionError(f"align_many(): models must be a list of nn.Modules, got {type(models).__name__}")
@@ -96,6 +104,8 @@ def _check_arguments(models, matching, output, tolerance, max_rounds) -> MatchCo
         raise SymfusionError(f"align_many(): max_relative_output_change must be a finite number > 0, got {tolerance!r}")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 0:
         raise SymfusionError(f"align_many(): max_rounds must be an integer >= 0, got {max_rounds!r}")
+    if progress is not None and not isinstance(progress, bool):
+        raise SymfusionError(f"align_many(): progress must be True, False or None, got {progress!r}")
     config = matching_config(matching) if isinstance(matching, str) else matching
     if config.needs_data or config.runs_models:
         raise SymfusionError(f"align_many(): matching {matching if isinstance(matching, str) else 'given'} reads data "

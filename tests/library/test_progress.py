@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 import symfusion
 from symfusion import errors
@@ -148,3 +149,18 @@ def test_align_refuses_a_progress_that_is_no_bool(tmp_path):
 def test_shown_is_what_a_terminal_shows():
     assert shown("\rbar 0%\rbar 50%\r       \rerror: x\r\n") == ["error: x"]
     assert shown("a\nb\r\n") == ["a", "b"]
+
+
+def test_align_many_shows_its_start_and_rounds_and_keeps_its_result():
+    models = [tiny_model("bert", seed=s) for s in (1, 2, 3)]
+    with terminal_stderr() as screen:
+        shown_aligned, shown_report = symfusion.align_many(models, matching="rotation", max_rounds=2)
+        quiet_aligned, quiet_report = symfusion.align_many(models, matching="rotation", max_rounds=2, progress=False)
+    assert counts(screen.raw, "start: onto model 0")[-1] == (2, 2)
+    rounds = counts(screen.raw, "rounds")
+    assert rounds[0] == (0, 2) and rounds[-1] == (len(shown_report["rounds"]),) * 2 and len(screen.lines) == 2
+    assert shown_report["objective"] == quiet_report["objective"]
+    for a, b in zip(shown_aligned, quiet_aligned):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    with pytest.raises(SymfusionError, match="progress must be True, False or None"):
+        symfusion.align_many(models, progress=1)

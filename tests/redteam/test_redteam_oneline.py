@@ -61,8 +61,9 @@ def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
         "symfusion-multimodel": [([f"models=[{w / 'bert_a'}]", f"output={o / 'mm.json'}"], "models")],
         "symfusion-report": [(["artefact=table9", f"inputs=[{w / 'evals' / 'none.json'}]", f"output={o / 't.csv'}"],
                               "unknown artefact"),
-                             (["artefact=table2", f"inputs=[{w / 'evals' / 'none.json'},{w / 'barrier' / 'none-0.json'}]",
-                               f"output={o / 't.csv'}"], "table2 can read")],       # after its progress bar
+                             (["artefact=table2", f"inputs=[{w / 'evals' / 'none.json'},"
+                               f"{w / 'barrier' / 'none-0.json'}]", f"output={o / 't.csv'}"],
+                              "table2 can read")],       # after its progress bar
         "symfusion-compare": [([], "run_dir"), ([str(w), "--tolerance", "much"], "--tolerance"),
                               ([str(w), "--colour"], "unrecognized"), ([str(w / "nope")], "not a directory")],
         "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),

@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import torch
 
 from symfusion.arch import ModelLayout
-from symfusion.errors import SymfusionError
+from symfusion.errors import SymfusionError, steps
 from symfusion.matching.compose import MatchConfig
 from symfusion.matching.models import match_models
 from symfusion.measures import squared_difference
@@ -91,15 +91,15 @@ def align_states(states: Sequence[Mapping[str, torch.Tensor]], layout: ModelLayo
         return transform, apply_transform(states[i], layout, transform)
 
     transforms, aligned = [Transform()], [dict(states[0])]
-    for i in range(1, len(states)):                      # the start: the anchor matching onto model 0
+    for i in steps(range(1, len(states)), "start: onto model 0", "model"):     # the anchor matching onto model 0
         transform, moved = solve(i, states[0])
         transforms.append(transform)
         aligned.append(moved)
     floor = TOL * math.fsum(float(s[k].double().pow(2).sum()) for s in states for k in keys) / len(states)
     objective, rounds, converged = [spread(aligned, keys)], [], False
-    for _ in range(max_rounds):
+    for _ in steps(range(max_rounds), "rounds", "round"):
         kept, gains = [], []
-        for i in range(len(states)):
+        for i in steps(range(len(states)), "models", "model"):
             exact, consensus = mean_state([x for j, x in enumerate(aligned) if j != i], keys, aligned[i])
             transform, moved = solve(i, consensus)
             before, after = squared(aligned[i], exact, keys), squared(moved, exact, keys)
