@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import datasets                   # the pipeline extra's: a failed import fails the file, never skips it
 import pytest
 
 from symfusion.pipeline.data.text import corpora, silver_ner
@@ -181,9 +182,6 @@ def test_missing_package_says_what_to_install(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- Hub loader (local Parquet)
-
-datasets = pytest.importorskip("datasets")
-
 
 def _write(root: Path, split: str, data: dict, features=None, folder: str = "data"):
     path = root / folder

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets                   # the pipeline extra's: a failed import fails the file, never skips it
 import pytest
 import torch
 import transformers
@@ -20,7 +21,6 @@ from symfusion.errors import SymfusionError
 from symfusion.io.modelio import load_model
 from symfusion.pipeline.data.standins import MARKER, MODELS, TASKS, build_standins, load_manifest, random_bio
 
-datasets = pytest.importorskip("datasets")
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = OmegaConf.load(ROOT / "conf" / "profile" / "paper.yaml")
 
