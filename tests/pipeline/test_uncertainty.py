@@ -4,7 +4,7 @@ import pytest
 
 from symfusion.pipeline.tasks.text_encoding import per_example_record
 from symfusion.pipeline.text_metrics import macro_f1, mcc, pearson_spearman, span_f1
-from symfusion.pipeline.uncertainty import paired_effect, resamples, score_interval, scores, verdict
+from symfusion.pipeline.uncertainty import interval, paired_effect, resamples, score_interval, scores, verdict
 
 RNG = np.random.default_rng(0)
 
@@ -73,3 +73,14 @@ def test_resamples_are_seeded_per_test_set_and_losses_are_better_lower():
     assert verdict(-0.3, -0.1, lower_is_better=True) == "helps" and verdict(-0.3, -0.1) == "hurts"
     low, high = score_interval("accuracy", {"correct": [1, 0] * 100}, "t", scale=100)
     assert low < 50 < high
+
+
+def test_the_interval_is_the_central_95_percent_of_the_finite_differences():
+    """Differences 0..1000: the 2.5% and 97.5% quantiles are 25 and 975 (a 90% interval would say 50 and 950);
+    NaN resamples are left out, not spread into the interval (issue 59: a 90% interval passed every test)."""
+    differences = np.arange(1001, dtype=float)
+    assert interval(differences) == pytest.approx((25.0, 975.0), abs=1e-9)
+    assert interval(np.concatenate([differences, [np.nan, np.inf]])) == interval(differences)
+    assert interval(differences, confidence=0.5) == pytest.approx((250.0, 750.0), abs=1e-9)
+    assert all(np.isnan(interval(np.array([np.nan, np.nan]))))
+    assert verdict(0.0, 2.0) == verdict(-2.0, 0.0) == "no detectable change"     # an interval touching 0
