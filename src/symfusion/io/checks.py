@@ -32,6 +32,19 @@ def tolerance_for(dtypes: Iterable[torch.dtype], base: float) -> float:
     return max(base, 4 * eps)
 
 
+def stored_in(tensor: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
+    """`tensor` rounded to `dtype` (the dtype its folder stores it in); a finite value beyond that dtype's range
+    (float16: |x| <= 65504) is one error line naming the range, never an inf written or a failed check called a bug."""
+    out = tensor.to(dtype)
+    if tensor.is_floating_point() and dtype.is_floating_point and dtype != tensor.dtype \
+            and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(tensor).all()):
+        name = str(dtype).removeprefix("torch.")
+        raise SymfusionError(f"the matched weights of {key!r} reach {float(tensor.abs().max()):.4g}, beyond {name}'s "
+                             f"range (|x| <= {torch.finfo(dtype).max:.6g}) that the source model stores them in; match a "
+                             "float32 copy of the source")
+    return out
+
+
 def _has_submodule(module: torch.nn.Module, name: str) -> bool:
     try:
         module.get_submodule(name)

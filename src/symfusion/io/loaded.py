@@ -20,6 +20,7 @@ from symfusion.errors import SymfusionError
 from symfusion.families import check_compatible, family_spec
 from symfusion.io.checks import check_outputs_finite, tolerance_for
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
+from symfusion.io.batches import check_batches
 from symfusion.io.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.measures import distance_fields, model_outputs, parameter_distance, probe_inputs
@@ -60,6 +61,8 @@ def _match(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig
     layout = layout_of(source.config, state)
     check_same_layout(layout, layout_of(anchor.config, anchor_state))
     start = time.perf_counter()
+    if data:
+        check_batches(data, source)            # ids and labels the model reads, before it runs (one line)
     match_data = MatchData(copy.deepcopy(source).float(), list(data or [])) if data or config.runs_models else None
     result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
                           tied=tied(source))
@@ -73,7 +76,8 @@ def match_modules(source: torch.nn.Module, anchor: torch.nn.Module, config: Matc
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
     layout, result, moved, seconds = _match(source, anchor, config, layers, last_layers, data)
     matched = copy.deepcopy(source)
-    matched.load_state_dict(moved)                    # cast back to the source's dtypes
+    kept = {k: v.dtype for k, v in source.state_dict().items()}
+    matched.load_state_dict(as_stored(moved, kept))   # cast back to the source's dtypes (each in its range)
     change, limit = output_change(source, matched), tolerance_for(dtypes, tolerance)
     if not change <= limit:                                   # NaN fails too
         raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "

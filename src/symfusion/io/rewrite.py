@@ -18,6 +18,7 @@ from typing import Mapping
 import torch
 from transformers.core_model_loading import revert_weight_conversion
 
+from symfusion.io.checks import stored_in
 from symfusion.io.folder import INDEX, model_file
 from symfusion.io.modelio import copy_auxiliary_files
 from symfusion.io.sharded import ShardWriter, ShardedFolder, check_shard_names
@@ -59,12 +60,13 @@ def plan_like(model: torch.nn.Module, source_state: Mapping[str, torch.Tensor],
 
 def as_stored(state: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
     """`state` as a folder stores it: each floating tensor rounded to the dtype its file keeps, in its own dtype
-    again (the identity for a float32 folder). A functional check of this state checks what is written."""
+    again (the identity for a float32 folder; a value beyond the stored dtype's range is refused: checks.stored_in).
+    A functional check of this state checks what is written."""
     out = {}
     for key, tensor in state.items():
         stored = dtypes.get(key)
-        out[key] = tensor.to(stored).to(tensor.dtype) if stored is not None and tensor.is_floating_point() \
-            and stored.is_floating_point and stored != tensor.dtype else tensor
+        out[key] = stored_in(tensor, stored, key).to(tensor.dtype) if stored is not None \
+            and tensor.is_floating_point() and stored.is_floating_point and stored != tensor.dtype else tensor
     return out
 
 

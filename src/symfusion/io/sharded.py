@@ -32,7 +32,7 @@ from symfusion.errors import SymfusionError, steps
 from symfusion.io.folder import INDEX, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
-from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
+from symfusion.io.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
 from symfusion.io.modelio import check_fits_config, copy_auxiliary_files, load_config, model_class, skeleton_of
 from symfusion.symmetry import Transform, apply_transform
 
@@ -263,7 +263,7 @@ def match_folders(
             seconds[stage] = seconds.get(stage, 0.0) + value
         moved = apply_transform(s_layer, layout, result.transform)
         matching_seconds += time.perf_counter() - start
-        stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}          # what the matched folder holds
+        stored = {k: stored_in(moved[k], src_meta[k].dtype, k) for k in keys}   # what the matched folder holds
         del moved
         before.add(layout.canonical(s_layer), layout.canonical(a_all))
         after.add(layout.canonical(stored), layout.canonical(a_all))

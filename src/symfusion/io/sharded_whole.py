@@ -29,7 +29,7 @@ from symfusion.matching.pairs import distance_of, paper_lower_bound, parts
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import first_map, untouched_cross
 from symfusion.matching.whole import CHOICE_TOL, choose, summary
-from symfusion.io.checks import BlockCheck, check_whole_model, tolerance_for
+from symfusion.io.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
 from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
 from symfusion.measures import SquaredDistances, distance_fields
 from symfusion.stream import (StreamLayout, comparable, fold_norms, foldable, rotate_stream, stream_layout,
@@ -157,7 +157,7 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
     for i, keys, stored_source, anchor_part, moved, part_gains in steps(_moved_parts(pair, r, blocks), "writing layers",
                                                                         "part", pair.layout.num_layers + 1):
         gains.update(part_gains)
-        stored = {k: moved[k].to(src_meta[k].dtype) for k in keys}
+        stored = {k: stored_in(moved[k], src_meta[k].dtype, k) for k in keys}
         tied_elsewhere = [a for s, a in pairs.values() if s in stored_source and a not in anchor_part]
         anchors = layout.canonical({**anchor_part, **anc.read(tied_elsewhere, torch.float32)})
         before.add(layout.canonical(stored_source), anchors)
