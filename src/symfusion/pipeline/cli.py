@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.pipeline.config import (check_data_options, check_values, choice, compose_config, given_options,
-                              integer, listing, mapping, number, text)
+from symfusion.pipeline.config import (check_data_options, check_values, choice, command_line_first, compose_config,
+                                        given_options, integer, limits, listing, mapping, number, text, texts_of)
 from symfusion.errors import (NOTES, SymfusionError, as_symfusion_error, erase_progress, note, progress_wanted,
                               said_on_success)
 
@@ -258,7 +258,7 @@ SPLIT = choice("train", "validation", "test")
 PRECISION = choice("auto", "bf16", "fp32")
 TASK_CHECKS = {
     "task.split_seed": integer(0), "task.eval_batch_size": integer(1), "task.fusion_batch_size": integer(1),
-    "task.limit": mapping(optional=True), "task.max_length": integer(1, optional=True),
+    "task.limit": limits(optional=True), "task.max_length": integer(1, optional=True),
     "task.block_size": integer(2, optional=True), "task.tokenizer.vocab_size": integer(258, optional=True),
     "task.tokenizer.min_frequency": integer(1, optional=True),
     "task.train.epochs": integer(1), "task.train.batch_size": integer(1), "task.train.lr": number(0, strict_low=True),
@@ -301,7 +301,7 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
     if any(arg in ("--help", "-h", "--cfg") for arg in argv):
         rest = [a for a in argv if not a.startswith("-")]
         try:
-            cfg = compose_config(config_name, rest)
+            cfg = compose_config(config_name, rest, texts_of(CHECKS[config_name]))
         except SymfusionError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -314,8 +314,9 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
         if flags:
             raise SymfusionError(f"unknown flag {flags[0]}; options are KEY=VALUE overrides (see --help)")
         progress_wanted()                # SYMFUSION_PROGRESS is on, off or auto
-        cfg = compose_config(config_name, argv)
+        cfg = compose_config(config_name, argv, texts_of(CHECKS[config_name]))
         check_values(cfg, CHECKS[config_name])
+        command_line_first(cfg, given_options(argv))
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
             matching = _matching(cfg)
             if config_name == "match":

@@ -10,7 +10,7 @@ from typing import Callable
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.errors import SymfusionError
@@ -98,6 +98,36 @@ def literal_override(override: str) -> str:
     return f"{key}={_quoted(value)}"
 
 
+_FLAT_LIST = re.compile(r"\[([^\[\]{}'\"]*)\]")
+
+
+def _read_as(value: str):
+    try:
+        return _PARSER.parse_override(f"x={value}").value()
+    except (HydraException, OmegaConfBaseException):
+        return value
+
+
+def _as_text(value: str) -> str:
+    """`value` quoted when Hydra would read it as a number or a boolean (1_2 -> 12, true -> True, 1e3 -> 1000.0)."""
+    read = _read_as(value)
+    return _quoted(value) if read is not None and not isinstance(read, str) else value
+
+
+def text_override(override: str, texts: frozenset[str]) -> str:
+    """KEY=VALUE of a key whose value is a path or name (`texts`) kept as the text written: output=1_2 stays the
+    path '1_2' (not the integer 12), output=true the path 'true'; each item of a list [a,1_2] too. null stays null
+    (the option left unset); a quoted value, or a list with quotes or brackets inside, is taken as written."""
+    key, sep, value = override.partition("=")
+    if not sep or key.lstrip("+~") not in texts or not value or value[0] in "{'\"":
+        return override
+    listed = _FLAT_LIST.fullmatch(value)
+    if listed:
+        items = [item.strip() for item in listed.group(1).split(",")] if listed.group(1).strip() else []
+        return f"{key}=[{','.join(_as_text(item) for item in items)}]"
+    return override if value[0] == "[" else f"{key}={_as_text(value)}"
+
+
 def search_folders(config_name: str) -> tuple[Path, list[Path]]:
     """(the folder holding <config_name>.yaml: the library's presets or the pipeline's conf/, the other folders
     Hydra searches for its groups); a one-line error for a pipeline command run where conf/ is not (a wheel)."""
@@ -109,10 +139,10 @@ def search_folders(config_name: str) -> tuple[Path, list[Path]]:
     return CONF_DIR, [PRESETS_DIR]
 
 
-def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
-    """<config_name>.yaml (conf/, or the presets) with the command line's KEY=VALUE overrides; Hydra's errors as
-    one line."""
-    overrides = [literal_override(o) for o in overrides]
+def compose_config(config_name: str, overrides: list[str], texts: frozenset[str] = frozenset()) -> DictConfig:
+    """<config_name>.yaml (conf/, or the presets) with the command line's KEY=VALUE overrides (those of `texts`,
+    paths and names, kept as the text written); Hydra's errors as one line."""
+    overrides = [literal_override(text_override(o, texts)) for o in overrides]
     home, others = search_folders(config_name)
     searched = ["hydra.searchpath=[" + ",".join(_quoted(f"file://{folder}") for folder in others) + "]"]
     with initialize_config_dir(config_dir=str(home), version_base=None, job_name=config_name):
@@ -145,8 +175,9 @@ class Check:
     """A check of one configuration value: `check(value)` returns None or what the value must be."""
 
     def __init__(self, describe: str, test: Callable[[object], bool], optional: bool = False,
-                 phrase: str = " must be "):
+                 phrase: str = " must be ", keeps_text: bool = False):
         self.describe, self.test, self.optional, self.phrase = describe, test, optional, phrase
+        self.keeps_text = keeps_text          # a path or name: read from the command line as the text written
 
     def problem(self, value) -> str | None:
         """None when the value is acceptable, else the rest of the error line after KEY=VALUE."""
@@ -176,7 +207,7 @@ def number(low: float | None = None, high: float | None = None, strict_low: bool
 
 
 def text(optional: bool = False) -> Check:
-    return Check("a path or name", lambda v: isinstance(v, (str, int)) and str(v).strip() != "", optional)
+    return Check("a path or name", lambda v: isinstance(v, str) and v.strip() != "", optional, keeps_text=True)
 
 
 def choice(*options, optional: bool = False) -> Check:
@@ -191,11 +222,27 @@ def listing(item: Check, minimum: int = 0, optional: bool = False) -> Check:
     def test(value) -> bool:
         return (OmegaConf.is_list(value) or isinstance(value, (list, tuple))) and len(value) >= minimum \
             and all(item.problem(v) is None for v in value)
-    return Check(f"a list of {minimum}+ items, each {item.describe}", test, optional)
+    return Check(f"a list of {minimum}+ items, each {item.describe}", test, optional, keeps_text=item.keeps_text)
 
 
 def mapping(optional: bool = False) -> Check:
     return Check("a {key: value} mapping", lambda v: OmegaConf.is_dict(v) or isinstance(v, dict), optional)
+
+
+def texts_of(checks: dict[str, Check]) -> frozenset[str]:
+    """The options whose values are paths or names (read from the command line as the text written)."""
+    return frozenset(key for key, check in checks.items() if check.keeps_text)
+
+
+def limits(optional: bool = False) -> Check:
+    """A task's limit: {split: cap} with splits train, validation, test and each cap null or an integer >= 0 (one
+    rule for every task kind, checked before any data is read)."""
+    def test(value) -> bool:
+        if not (OmegaConf.is_dict(value) or isinstance(value, dict)):
+            return False
+        return all(k in ("train", "validation", "test") and (v is None or _is_int(v) and v >= 0)
+                   for k, v in value.items())
+    return Check("a {split: cap} mapping of splits train, validation, test to null or an integer >= 0", test, optional)
 
 
 def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
@@ -211,6 +258,32 @@ def check_values(cfg: DictConfig, checks: dict[str, Check]) -> None:
         if problem:
             shown = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
             raise SymfusionError(f"{key}={shown!r}{problem}" if value is not None else f"{key}{problem}")
+
+
+def command_line_first(cfg: DictConfig, given: set[str]) -> None:
+    """A task setting given on the command line (task.KEY=...) wins over the profile's: the profile's task_patch and
+    source_patch lose that key (task.limit=... drops the patch's whole limit; task.limit.train=... its train cap
+    only); a setting the profile's sources manifest (profile.sources: the stand-ins' data and models) decides is
+    refused in one line, since the profile cannot run without it."""
+    keys = sorted(k[len("task."):] for k in given if k.startswith("task."))
+    profile = cfg.get("profile")
+    if not keys or not OmegaConf.is_dict(profile):
+        return
+    manifest = profile_sources(profile).get("tasks", {}).get(OmegaConf.select(cfg, "task.name")) or {}
+    for key in keys:
+        if OmegaConf.select(OmegaConf.create(manifest), key) is not None:
+            raise SymfusionError(f"task.{key} is set by profile {profile.get('name')}'s sources ({profile.sources}); "
+                                 "drop it, or run under another profile")
+    sections = [v for v in profile.values() if OmegaConf.is_dict(v)]
+    patches = [s.get("task_patch") for s in sections]
+    patches += [p for s in sections if OmegaConf.is_dict(s.get("source_patch")) for p in s.source_patch.values()]
+    with open_dict(cfg):
+        for patch in (p for p in patches if OmegaConf.is_dict(p)):
+            for key in keys:
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(patch, parent) if parent else patch
+                if OmegaConf.is_dict(node) and leaf in node:
+                    node.pop(leaf)
 
 
 DATA_OPTIONS = ("data_task", "data_batches", "data_split")     # symfusion-match's options of the data it reads

@@ -69,6 +69,10 @@ def split_image_arrays(arrays: dict, seed: int = 0, limit: dict | None = None) -
     for name, cap in (limit or {}).items():
         if name not in splits:
             raise SymfusionError(f"limit names split {name!r}; splits are train, validation, test")
+        if cap is None:
+            continue
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+            raise SymfusionError(f"limit for {name!r} must be a non-negative integer, got {cap!r}")
         x, y = splits[name]
         # a seeded subset, not the first items: the official files are sometimes sorted by class
         chosen = np.sort(np.random.default_rng(seed + 2).permutation(len(y))[: int(cap)])
