@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, end_progress, erase_progress, progress_shown
+from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, erase_progress, progress_shown
 from symfusion.io.checks import WHOLE_MODEL_CHECK_BYTES
 from symfusion.io.loaded import match_folders_in_memory, match_modules
 from symfusion.io.modelio import write_json
@@ -70,10 +70,8 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
     name = matching if isinstance(matching, str) else preset_of(config)
     try:
         with progress_shown(progress):
-            found = _align(source, anchor, config, name, output, layers, last_layers, max_relative_output_change, data,
-                           in_memory, record)
-            end_progress()
-            return found
+            return _align(source, anchor, config, name, output, layers, last_layers, max_relative_output_change, data,
+                          in_memory, record)
     except BaseException as error:      # noqa: BLE001 - the system's errors (no space left, ...) become one line
         erase_progress()                # the bars go before the error is said
         translated = as_symfusion_error(error) if isinstance(error, Exception) else None

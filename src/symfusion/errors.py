@@ -35,7 +35,6 @@ def said_on_success(stream):
     try:
         with warnings.catch_warnings(record=True) as caught:
             yield
-        end_progress()
         for found in caught:
             warnings.showwarning(found.message, found.category, found.filename, found.lineno)
         for line in dict.fromkeys(NOTES):
@@ -114,23 +113,20 @@ def progress_shown(progress: bool | None):
 
 
 _OPEN: list[list] = []           # the bars being drawn, outermost first (each in a list of its own: one per loop)
-_LEFT: list = []                 # the bars of loops left early: ended by the next bar or end_progress, or erased
 
 
 def steps(items, what: str, unit: str = "step", total: int | None = None):
     """`items` one by one; while progress_wanted(), a bar on stderr shows how many of `total` (len(items) when it
     has one) `what` are done and the time left. One line at a time: a loop inside another's shows its count on that
-    bar's line. A bar ends on its line at its last count; a loop left early (a converged descent's break, or an
-    error) keeps its bar open, ended at 100% by the next bar or end_progress (a command's success), or erased by
-    erase_progress (before a refusal's one line, so that line is all a terminal shows)."""
+    bar's line. A bar ends at its last count (a loop left early, as a converged descent, at 100%) and is erased, so
+    stderr holds no progress once the work is over: a command's result, or its refusal's one line, stands alone
+    (erase_progress, before an error line, erases any bar still drawn)."""
     total = len(items) if total is None and hasattr(items, "__len__") else total
     if not progress_wanted():
         yield from items
         return
     own = not _OPEN
-    if own:
-        end_progress()
-    bar = tqdm(total=total, desc=what, unit=unit, file=sys.stderr, position=0, leave=True, dynamic_ncols=True) \
+    bar = tqdm(total=total, desc=what, unit=unit, file=sys.stderr, position=0, leave=False, dynamic_ncols=True) \
         if own else _OPEN[-1][0]
     entry, done, ended = [bar], 0, "left"
     _OPEN.append(entry)
@@ -143,7 +139,7 @@ def steps(items, what: str, unit: str = "step", total: int | None = None):
             if own:
                 bar.update()
         ended = "done"
-    except GeneratorExit:        # the caller left the loop (a break, an error in its body): the bar waits
+    except GeneratorExit:        # the caller left the loop: a break (the step in hand is done), or an error
         raise
     except BaseException:        # `items` itself failed
         ended = "failed"
@@ -153,26 +149,17 @@ def steps(items, what: str, unit: str = "step", total: int | None = None):
         if not own:
             if not bar.disable:
                 bar.set_postfix_str("", refresh=False)
-        elif ended == "left":
-            bar.update()             # the step in hand when the loop was left
-            bar.total = bar.n
-            _LEFT.append(bar)
         else:
-            bar.leave = ended == "done"
+            if ended == "left":
+                bar.update()
+            if ended != "failed" and not bar.disable:
+                bar.total = bar.n if total is not None else None
+                bar.refresh()            # its last count, then erased
             bar.close()
 
 
-def end_progress() -> None:
-    """End the bars of loops left early at their last count (a command's success; the next bar)."""
-    for bar in _LEFT:
-        bar.close()
-    _LEFT.clear()
-
-
 def erase_progress() -> None:
-    """Erase every bar on the terminal (the CLIs and align() call it before a refusal's one line)."""
-    for bar in [entry[0] for entry in reversed(_OPEN)] + _LEFT:
-        bar.leave = False
-        bar.close()
+    """Erase every bar still drawn (the CLIs, align() and align_many() call it before a refusal's one line)."""
+    for entry in reversed(_OPEN):
+        entry[0].close()
     _OPEN.clear()
-    _LEFT.clear()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
-from symfusion.errors import SymfusionError, end_progress, erase_progress, progress_shown
+from symfusion.errors import SymfusionError, erase_progress, progress_shown
 from symfusion.families import check_compatible
 from symfusion.io.checks import tolerance_for
 from symfusion.io.loaded import output_change, tied
@@ -63,7 +63,6 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     try:
         with progress_shown(progress):
             universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
-            end_progress()
         aligned, checks = [], []
         for model, state, transform in zip(models, universe.aligned, universe.transforms):
             matched, check = _checked(model, state, transform, layout, max_relative_output_change)

@@ -40,7 +40,7 @@ def world(tmp_path_factory):
 def auto(monkeypatch):
     monkeypatch.delenv(PROGRESS_VARIABLE, raising=False)
     yield
-    assert errors._OPEN == [] and errors._LEFT == []
+    assert errors._OPEN == []
 
 
 def exit_code(call) -> int:
@@ -61,6 +61,7 @@ def test_a_long_command_shows_its_progress_on_a_terminal_only(command, world, tm
     total = total or frames[0][1]
     assert frames[0] == (0, total) and frames[-1] == (total, total), screen.raw
     assert [done for done, _ in frames] == sorted(done for done, _ in frames)              # it only advances
+    assert not any("%|" in line for line in screen.lines)                            # and is gone once it ends
     assert all(Path(p).exists() for p in outputs)
     call, _ = COMMANDS[command](world, tmp_path / "pipe")
     monkeypatch.setattr(sys, "stderr", io.StringIO())
