@@ -4,13 +4,17 @@ An effect is the difference of one metric between two models scored on the same 
 unmatched merge). Its interval comes from a paired bootstrap: the test examples are resampled with
 replacement RESAMPLES times (the same resample for both models), the metric recomputed on each resample
 for both, and the 2.5% and 97.5% quantiles of the differences taken. An effect "helps" or "hurts" only when
-its interval excludes 0; otherwise it is "no detectable change".
+its interval excludes 0; otherwise it is "no detectable change". Over fewer than MIN_EXAMPLES test examples it is
+"too few examples", whatever its interval: a bootstrap of one example resamples that example only (an interval of
+width 0), and even n examples that all move one way are, by an exact sign test, a chance of 2^(1-n) with no effect,
+which is below 5% only from n = 6.
 
 Per-example records (what an evaluation saves beside its metrics, `per_example`) and the metrics they give:
     accuracy         {"correct": [0|1, ...]}                                 mean
     loss             {"loss": [float, ...]}                                  mean (lower is better); with
                      {"tokens": [int, ...]} beside it (token classification)   sum(loss) / sum(tokens)
     macro_f1, mcc    {"prediction": [int, ...], "reference": [int, ...]}     as text_metrics computes them
+                     (class ids: integers >= 0, checked before any table is built)
     pearson_spearman {"prediction": [float, ...], "reference": [float, ...]} mean of Pearson and Spearman
     span_f1          {"tp": [int, ...], "predicted": [...], "gold": [...]}   micro F1 over entity spans
 The resamples are seeded by `seed` and the test set's size and name, so two evaluations on one test set
@@ -26,9 +30,15 @@ from scipy.stats import rankdata
 RESAMPLES = 1000
 CONFIDENCE = 0.95
 SEED = 0
+METRICS = ("accuracy", "loss", "macro_f1", "mcc", "pearson_spearman", "span_f1")     # what scores() computes
 LOWER_IS_BETTER = ("loss",)
 NO_CHANGE = "no detectable change"
-VERDICTS = ("helps", "hurts", NO_CHANGE)         # what verdict() says
+TOO_FEW = "too few examples"
+MIN_EXAMPLES = 6                                 # the fewest test examples an effect is judged on (see above)
+VERDICTS = ("helps", "hurts", NO_CHANGE, TOO_FEW)         # what verdict() says
+# class ids up to this are the confusion matrix's own rows; larger ones are renumbered first (a prediction of
+# 10^9 would otherwise ask for a 10^18-cell matrix), which moves only the summation order of unseen classes' zeros
+DENSE_CLASSES = 64
 
 
 def resamples(n: int, test_set: str = "", count: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
@@ -79,6 +89,15 @@ def _pearson_spearman(prediction: np.ndarray, reference: np.ndarray, index: np.n
     return (_pearson(x, y) + spearman) / 2
 
 
+def class_ids(record: dict, key: str) -> np.ndarray:
+    """record[key] as int64 class ids; ValueError unless every one is an integer >= 0 (no bool, float or NaN)."""
+    values = np.asarray(record[key], dtype=object).ravel()
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in values):
+        wrong = next(v for v in values if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0))
+        raise ValueError(f"per_example.{key} holds {wrong!r}; class ids are integers >= 0")
+    return values.astype(np.int64)
+
+
 def scores(metric: str, record: dict, index: np.ndarray) -> np.ndarray:
     """The metric on each resample (rows of `index`) of one evaluation's per-example record, (B,)."""
     if metric == "loss" and "tokens" in record:            # a token-weighted mean: each sentence's summed loss
@@ -89,8 +108,11 @@ def scores(metric: str, record: dict, index: np.ndarray) -> np.ndarray:
         values = np.asarray(record["correct" if metric == "accuracy" else "loss"], dtype=float)
         return values[index].mean(axis=1)
     if metric in ("macro_f1", "mcc"):
-        prediction, reference = np.asarray(record["prediction"]), np.asarray(record["reference"])
+        prediction, reference = class_ids(record, "prediction"), class_ids(record, "reference")
         classes = int(max(prediction.max(initial=0), reference.max(initial=0))) + 1
+        if classes > DENSE_CLASSES:  # large ids: the classes seen, numbered in order (both metrics ignore the others)
+            seen, codes = np.unique(np.concatenate([prediction, reference]), return_inverse=True)
+            prediction, reference, classes = codes[:len(prediction)], codes[len(prediction):], len(seen)
         confusion = _confusion(prediction, reference, index, classes)
         return _macro_f1(confusion) if metric == "macro_f1" else _mcc(confusion)
     if metric == "pearson_spearman":
@@ -100,7 +122,7 @@ def scores(metric: str, record: dict, index: np.ndarray) -> np.ndarray:
         tp, predicted, gold = (np.asarray(record[k], dtype=float)[index].sum(axis=1) for k in ("tp", "predicted", "gold"))
         total = predicted + gold
         return np.where(total > 0, 2 * tp / np.where(total > 0, total, 1), 0.0)
-    raise ValueError(f"no bootstrap for metric {metric!r}")
+    raise ValueError(f"no bootstrap for metric {metric!r}; the metrics are {', '.join(METRICS)}")
 
 
 def interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -112,8 +134,11 @@ def interval(differences: np.ndarray, confidence: float = CONFIDENCE) -> tuple[f
     return float(np.quantile(finite, tail)), float(np.quantile(finite, 1 - tail))
 
 
-def verdict(low: float, high: float, lower_is_better: bool = False) -> str:
-    """helps / hurts / no detectable change: by the sign of an interval that excludes 0."""
+def verdict(low: float, high: float, lower_is_better: bool = False, examples: int | None = None) -> str:
+    """helps / hurts / no detectable change: by the sign of an interval that excludes 0; too few examples over
+    fewer than MIN_EXAMPLES test examples (`examples`, where the interval is a bootstrap over them)."""
+    if examples is not None and examples < MIN_EXAMPLES:
+        return TOO_FEW
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 <= high:
         return NO_CHANGE
     better = high < 0 if lower_is_better else low > 0
@@ -125,9 +150,10 @@ def paired_effect(metric: str, pairs: list[tuple[dict, dict, str]], scale: float
     """The mean over `pairs` of metric(with) - metric(without), each pair (with, without, test set name) scored
     on the same examples, with its paired bootstrap interval and verdict; `scale` (e.g. 100) multiplies all."""
     differences = np.zeros(count)
-    point = 0.0
+    point, fewest = 0.0, None
     for with_, without, test_set in pairs:
         n = len(next(iter(with_.values())))
+        fewest = n if fewest is None else min(fewest, n)
         if len(next(iter(without.values()))) != n:
             raise ValueError(f"{test_set}: the two evaluations scored {n} and "
                              f"{len(next(iter(without.values())))} examples; a paired effect needs the same ones")
@@ -138,7 +164,7 @@ def paired_effect(metric: str, pairs: list[tuple[dict, dict, str]], scale: float
     point, differences = scale * point / len(pairs), scale * differences / len(pairs)
     low, high = interval(differences)
     return {"effect": point, "low": low, "high": high, "resamples": count,
-            "verdict": verdict(low, high, metric in LOWER_IS_BETTER)}
+            "verdict": verdict(low, high, metric in LOWER_IS_BETTER, examples=fewest)}
 
 
 def score_interval(metric: str, record: dict, test_set: str, scale: float = 1.0, count: int = RESAMPLES,

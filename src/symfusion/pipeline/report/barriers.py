@@ -77,6 +77,7 @@ def barrier_rows(barrier_paths: list[str], experiment: Experiment) -> tuple[dict
     pairs = sorted(by_pair)
     rows = []
     changes = defaultdict(list)                     # matching -> per pair (point, resampled) barrier change
+    examples = {}                                   # matching -> the fewest test examples of its paths
     for pair in pairs:
         runs = by_pair[pair]
         baseline = runs.get(BASELINE)
@@ -92,6 +93,7 @@ def barrier_rows(barrier_paths: list[str], experiment: Experiment) -> tuple[dict
                 if matched[0].shape[1] != losses[0].shape[1]:
                     raise SymfusionError(f"{pair}: the {matching} and {BASELINE} paths scored different examples; "
                                          "pass barrier results of one test set")
+                examples[matching] = min(examples.get(matching, losses[0].shape[1]), losses[0].shape[1])
                 changes[matching].append((pair, data["barrier"] - baseline["barrier"],
                                           barrier_resamples(matched, index) - base_resampled))
             rows += [{"pair": pair, "matching": matching, "alpha": p["alpha"], "loss": p["loss"],
@@ -104,7 +106,8 @@ def barrier_rows(barrier_paths: list[str], experiment: Experiment) -> tuple[dict
         per_pair = {pair: (change, *interval(resampled)) for pair, change, resampled in found}
         spread = over_pairs({pair: change for pair, (change, _, _) in per_pair.items()})
         summary[matching] = {"change": point, "low": low, "high": high, "per_pair": per_pair, "spread": spread,
-                             "verdict": verdict_over_pairs(spread, [verdict(lo, hi, lower_is_better=True)
+                             "verdict": verdict_over_pairs(spread, [verdict(lo, hi, lower_is_better=True,
+                                                                            examples=examples[matching])
                                                                     for _, lo, hi in per_pair.values()],
                                                            lower_is_better=True)}
     for row in rows:

@@ -16,7 +16,7 @@ from pathlib import Path
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.results import NUMBER, RESULT_FILE, STRING, array, read_json, record
 from symfusion.pipeline.report.spread import over_pairs, spread_columns, verdict_over_pairs
-from symfusion.pipeline.uncertainty import LOWER_IS_BETTER, NO_CHANGE, paired_effect, score_interval
+from symfusion.pipeline.uncertainty import LOWER_IS_BETTER, paired_effect, score_interval
 
 # A vision evaluation as the writers of Table 2 and Figure 3 read it: a merged model's, or an end model's.
 MERGED_VISION_EVAL = record({
@@ -36,8 +36,8 @@ def direction(without: float, with_: float) -> str:
 
 
 def agreement(ours: str, paper: str) -> str:
-    """yes / no when our effect is detectable, else 'not detectable'."""
-    if ours == NO_CHANGE:
+    """yes / no when our effect is detectable, else 'not detectable' (no change, or too few examples)."""
+    if ours not in ("helps", "hurts"):
         return "not detectable"
     return "yes" if ours == paper else "no"
 

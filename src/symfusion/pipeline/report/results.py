@@ -72,11 +72,20 @@ def check_inputs(paths: list[str], shapes: dict[str, dict], artefact: str) -> No
         if schema is None:
             wanted = " or ".join("a JSON result" if k == RESULT_FILE else f"a folder with {k}" for k in shapes)
             raise SymfusionError(f"{artefact} reads {wanted}, not {path}; pass the results its registry entry names")
-        problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(read_json(path)))
+        data = read_json(path)
+        problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(data))
         if problem is not None:
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in problem.absolute_path).lstrip(".")
             raise SymfusionError(f"{file} is not a result {artefact} can read ({problem.message}"
                                  f"{' at ' + where if where else ''}); pass the stage's own output")
+        if "method" in data and data["method"] not in RESULT_METHODS:
+            raise SymfusionError(f"{file}: method {str(data['method'])[:60]!r} is no fusion method of symfusion (one "
+                                 f"of {', '.join(RESULT_METHODS)}); pass the stage's own output")
+
+
+# the methods a stage's result may name: a fusion method, or an end model's evaluation
+RESULT_METHODS = (*FUSION_METHODS, "end_model")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")   # a spreadsheet reads a cell beginning so as a formula
 
 
 # Building blocks of SHAPES: JSON Schema of what a writer reads (only that: other keys may be there).
@@ -135,13 +144,31 @@ class Built:
 
 
 def csv_text(rows: list[dict]) -> str:
-    """Rows as CSV; the columns are every key in order of first appearance (a row lacking one leaves it empty)."""
+    """Rows as CSV; the columns are every key in order of first appearance (a row lacking one leaves it empty). A
+    text cell a spreadsheet would read as a formula (FORMULA_STARTS; a number's minus sign aside) is refused in one
+    line, so no text of an input (a folder's name, a method) reaches a cell as a formula."""
     fieldnames = list(dict.fromkeys(key for row in rows for key in row))
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _is_number(value):
+                raise SymfusionError(f"the table's {key} cell would be {value[:40]!r}, which a spreadsheet reads as "
+                                     "a formula; rename the input it comes from")
+            if str(key).startswith(FORMULA_STARTS):
+                raise SymfusionError(f"a column of the table would be named {str(key)[:40]!r}, which a spreadsheet "
+                                     "reads as a formula; rename the input it comes from")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fieldnames, restval="")
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
