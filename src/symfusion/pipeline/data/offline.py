@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,11 @@ def load_digits_arrays() -> dict:
 def read_idx(path: Path) -> np.ndarray:
     """An IDX file (optionally gzipped): magic, dims as big-endian uint32, then uint8 data."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:          # a truncated or damaged archive
+        raise SymfusionError(f"{path} is damaged ({str(error)[:80]}); reinstall dataset-fashion-mnist") from error
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise SymfusionError(f"{path} is not an unsigned-byte IDX file; reinstall dataset-fashion-mnist")
     ndim = data[3]
@@ -51,5 +55,8 @@ def load_fashion_mnist_arrays(directory: str = FASHION_MNIST_DIR) -> dict:
                 "install it with `apt-get install dataset-fashion-mnist` or set task.options.directory"
             )
         images, labels = read_idx(image_path), read_idx(label_path)
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise SymfusionError(f"{image_path} and {label_path} hold {images.shape} images and {labels.shape} labels, "
+                                 "not one label per 2-d image; reinstall dataset-fashion-mnist")
         arrays[split] = (images[:, None], labels.astype(np.int64))
     return arrays

@@ -10,6 +10,7 @@ a failure is one error line with nothing written and no earlier output replaced.
 from __future__ import annotations
 
 import importlib
+from csv import Error as CSVError
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
@@ -63,7 +64,7 @@ def summary_lines(results: Path, figures: Path) -> list[str]:
             continue
         try:
             lines += writer_of(entry).summary(csv, entry)
-        except (KeyError, ValueError) as error:
-            raise SymfusionError(f"{csv} is not the {entry.name} that symfusion-report writes ({error}); "
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError, ZeroDivisionError, CSVError) as error:
+            raise SymfusionError(f"{csv} is not the {entry.name} that symfusion-report writes ({error!r:.80}); "
                                  "rebuild it") from error
     return lines

@@ -92,6 +92,21 @@ def is_statistics_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink() and _open_statistics(path) is not None
 
 
+def recorded(metadata: dict, path: Path, keys: list[str]) -> dict[str, tuple[str, float]]:
+    """method -> (identity, seconds) of a statistics file's metadata, each method with tensors in the file; a damaged
+    record (not JSON, a key or a method's tensors missing, a time that is no number) is one error line."""
+    try:
+        statistics, seconds = json.loads(metadata["statistics"]), json.loads(metadata["seconds"])
+        found = {method: (identity, float(seconds[method])) for method, identity in statistics.items()
+                 if isinstance(identity, str) and any(k.startswith(f"{method}/") for k in keys)}
+        if not statistics or len(found) != len(statistics):
+            raise ValueError("a method without its identity or tensors")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise SymfusionError(f"{path}: its metadata is damaged ({type(error).__name__}: {str(error)[:60]}); recompute "
+                             "it with symfusion-statistics") from error
+    return found
+
+
 class StatisticFiles:
     """Statistics files given to a merge, looked up by identity; each file must serve some model."""
 
@@ -108,9 +123,8 @@ class StatisticFiles:
                 raise SymfusionError(f"{path} is not a statistics file of symfusion-statistics")
             handle, metadata = opened
             self.handles[path] = (handle, list(handle.keys()))
-            seconds = json.loads(metadata["seconds"])
-            for method, identity in json.loads(metadata["statistics"]).items():
-                self.identities[identity] = (path, method, float(seconds[method]))
+            for method, (identity, seconds) in recorded(metadata, path, self.handles[path][1]).items():
+                self.identities[identity] = (path, method, seconds)
 
     def lookup(self, identity: str) -> tuple[dict, float] | None:
         """(the statistic with this identity as tensors by name, the seconds it took to compute), or None

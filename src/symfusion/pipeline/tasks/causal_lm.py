@@ -42,8 +42,8 @@ def _documents(corpora: tuple[str, ...], seed: int) -> LMDocuments:
 @lru_cache(maxsize=4)
 def _task_tokenizer(corpora: tuple[str, ...], seed: int, vocab_size: int, min_frequency: int, cache: Path | None):
     """The BPE of the train split (through its tokenizer.json, also when freshly trained: one path, one digest)."""
-    return tokenizer_from_json(cached_text(cache, lambda: train_bpe(
-        _documents(corpora, seed).splits["train"], vocab_size, min_frequency).backend_tokenizer.to_str()))
+    return cached_text(cache, lambda: train_bpe(_documents(corpora, seed).splits["train"], vocab_size,
+                                                min_frequency).backend_tokenizer.to_str(), parse=tokenizer_from_json)
 
 
 class CausalLMTask(Task):
@@ -102,7 +102,7 @@ class CausalLMTask(Task):
             cache = self._cache("blocks", "safetensors", split=split, block_size=self.block_size,
                                 tokenizer=tokenizer_digest(tokenizer))
             blocks = cached_blocks(cache, lambda: token_blocks(self.documents().splits[split], tokenizer,
-                                                               self.block_size))
+                                                               self.block_size), width=self.block_size)
             limit = (plain(self.cfg.get("limit")) or {}).get(split)
             blocks = blocks[seeded_rows(len(blocks), limit, seed + LIMIT_SEED)]
             if examples is not None:

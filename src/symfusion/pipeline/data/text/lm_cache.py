@@ -41,27 +41,37 @@ def cache_path(cache_dir: str | Path, kind: str, suffix: str, **parts) -> Path:
     return Path(cache_dir) / f"lm-{kind}-{hashlib.sha256(record.encode()).hexdigest()[:24]}.{suffix}"
 
 
-def cached_text(path: Path | None, compute: Callable[[], str]) -> str:
-    """The text in `path`, else compute() written there (path None: no cache)."""
+def cached_text(path: Path | None, compute: Callable[[], str], parse: Callable[[str], object] = str):
+    """parse(the text in `path`), else parse(compute()) with that text written there (path None: no cache). An entry
+    that does not decode or that `parse` refuses (a damaged tokenizer.json) is computed again and replaced."""
     data = read_own(path) if path is not None else None        # only this user's own entry (marks.py)
     if data is not None:
         try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            pass                           # unreadable: computed again and replaced
+            return parse(data.decode("utf-8"))
+        except Exception:           # noqa: BLE001 - whatever the parser raises on damaged text: computed again
+            pass
     text = compute()
     if path is not None:
         write_own(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
-    return text
+    return parse(text)
 
 
-def cached_blocks(path: Path | None, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The (rows, L) int64 blocks in `path`, else compute() written there as int32 (path None: no cache)."""
+def _whole_blocks(blocks: torch.Tensor, width: int | None) -> bool:
+    """Blocks as token_blocks cuts them: (rows, width) integer token ids >= 0."""
+    return blocks.dim() == 2 and not blocks.is_floating_point() and blocks.dtype != torch.bool \
+        and (width is None or blocks.shape[1] == width) and (blocks.numel() == 0 or int(blocks.min()) >= 0)
+
+
+def cached_blocks(path: Path | None, compute: Callable[[], torch.Tensor], width: int | None = None) -> torch.Tensor:
+    """The (rows, width) int64 blocks in `path`, else compute() written there as int32 (path None: no cache); an
+    entry that is not such blocks (damaged, another shape or dtype, negative ids) is computed again and replaced."""
     data = read_own(path) if path is not None else None
     if data is not None:
         try:
-            return load(data)["blocks"].to(torch.int64)
-        except (SafetensorError, KeyError):
+            blocks = load(data)["blocks"]
+            if _whole_blocks(blocks, width):
+                return blocks.to(torch.int64)
+        except (SafetensorError, KeyError, ValueError, RuntimeError):
             pass
     blocks = compute()
     if path is not None:

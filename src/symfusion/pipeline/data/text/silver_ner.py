@@ -115,7 +115,16 @@ def _read_cache(path: Path) -> tuple[dict, list[dict]] | None:
         return None
     if not isinstance(header, dict) or header.get("schema") != SILVER_CACHE_SCHEMA or header.get("count") != len(records):
         return None
+    if not all(_whole_record(r) for r in records):         # damaged: tagged again and replaced
+        return None
     return header, records
+
+
+def _whole_record(record) -> bool:
+    """A cached sentence as load_silver_ner writes it: tokens (text) and as many tags of NER_TAGS, and its group."""
+    return isinstance(record, dict) and isinstance(record.get("tokens"), list) and isinstance(record.get("tags"), list) \
+        and len(record["tokens"]) == len(record["tags"]) and all(isinstance(t, str) for t in record["tokens"]) \
+        and all(t in NER_TAGS for t in record["tags"]) and "group" in record
 
 
 def _write_cache(path: Path, header: dict, records: list[dict]) -> None:
