@@ -13,7 +13,7 @@ import torch
 import symfusion
 from symfusion import errors
 from symfusion.errors import PROGRESS_VARIABLE, SymfusionError, erase_progress, steps
-from symfusion.io import sharded
+from symfusion.io import sharded, sharded_whole
 from terminal import shown, terminal_stderr
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model
@@ -164,3 +164,14 @@ def test_align_many_shows_its_start_and_rounds_and_keeps_its_result():
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with pytest.raises(SymfusionError, match="progress must be True, False or None"):
         symfusion.align_many(models, progress=1)
+
+
+def test_a_refusal_after_finished_phases_leaves_nothing_on_the_terminal(tmp_path, monkeypatch):
+    """The whole-group descent's bars have ended when the write's block check refuses: none of them stays."""
+    source, anchor = folders(tmp_path, "llama")
+    monkeypatch.setattr(sharded_whole.BlockCheck, "deviation", lambda *args, **kwargs: float("nan"))
+    with terminal_stderr() as screen:
+        with pytest.raises(SymfusionError, match="layer 0: the matched block changes"):
+            symfusion.align(source, anchor, matching="full_symmetry", output=tmp_path / "m", in_memory=False)
+    assert counts(screen.raw, "descent passes") and counts(screen.raw, "writing layers")[0] == (0, 3)
+    assert screen.lines == [] and not (tmp_path / "m").exists()
