@@ -87,11 +87,13 @@ class StreamLayout:
 def stream_layout(layout: ModelLayout, state: Mapping[str, torch.Tensor], tied: bool | None = None) -> StreamLayout:
     """The stream layout of a model from its layout and state (shape-only meta tensors do); `tied`: whether an
     lm_head is tied to the input embeddings (config.tie_word_embeddings; None: read from the state, see
-    tied_head). Raises naming a tensor whose place in the stream its family does not know."""
+    tied_head; a state holding another head of the final norm, a classifier's score, has no lm_head to tie).
+    Raises naming a tensor whose place in the stream its family does not know."""
     spec = FAMILIES[layout.family]
     prefix = find_prefix(state, layout.family)        # on the stored keys (GPT-2's fused c_attn)
     lm_head = bool(spec.final_norm) and "lm_head.weight" in spec.final_norm[1]
-    tied = lm_head and (tied_head(state, prefix, spec) if tied is None else tied)
+    classifier = lm_head and any(h in state for h in spec.final_norm[1] if h != "lm_head.weight")
+    tied = lm_head and not classifier and (tied_head(state, prefix, spec) if tied is None else tied)
     state = layout.canonical(state)
     axes: dict[str, tuple[int, ...]] = {}
     head_side: set[str] = set()                    # layer-map biases on the head or neuron side: no residual axis
