@@ -20,6 +20,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from symfusion.errors import SymfusionError, as_symfusion_error
+from symfusion.io.regular import read_regular
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -70,8 +71,8 @@ def read_json(folder: str | Path, name: str, what: str = "JSON file") -> object:
     """The parsed JSON file `name` of a model folder (resolved by model_file), or a one-line error."""
     path = model_file(folder, name)
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return json.loads(read_regular(path))           # bounded, never waits on a FIFO (io/regular.py)
+    except (UnicodeDecodeError, ValueError) as error:
         raise SymfusionError(f"{path} is not a readable {what} ({first_line(error)}); re-export the model") from error
 
 

@@ -25,7 +25,7 @@ from transformers.models.auto import modeling_auto
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES, family_of
-from symfusion.io.folder import FLOAT_DTYPES, first_line, inside, model_file, shard_header, weight_map
+from symfusion.io.folder import FLOAT_DTYPES, first_line, inside, model_file, read_json, shard_header, weight_map
 
 transformers.utils.logging.disable_progress_bar()   # stage logs stay readable
 transformers.utils.logging.set_verbosity_error()    # load reports are turned into our own one-line errors
@@ -97,20 +97,37 @@ def _holds_exactly(model: torch.nn.Module, keys: set) -> bool:
 # ---------------------------------------------------------------- reading a folder as data
 
 def check_model_folder(path: str | Path) -> Path:
-    """A folder holding config.json whose every file lives inside it; a one-line error otherwise."""
+    """A folder holding config.json whose every file, at any depth, lives inside it and is a regular file or a
+    folder (transformers opens tokenizer files, chat templates and their subfolders by name: none may lead out
+    of the folder or block a read, as a FIFO or a device would); a one-line error otherwise."""
     path = Path(path)
     if not path.is_dir() or not os.path.lexists(path / "config.json"):
         raise SymfusionError(f"{path} is not a model folder (no config.json); pass a save_pretrained directory")
     model_file(path, "config.json")
-    try:
-        items = list(path.iterdir())
-    except OSError as error:
-        raise SymfusionError(f"cannot list the model folder {path} ({error.strerror})") from error
-    for item in items:
-        if item.is_symlink() and not inside(path, item):
-            raise SymfusionError(f"{item} is a link to {os.path.realpath(item)}, outside the model folder; "
-                                 "copy the real files into the folder (input folders are read as data)")
+    failed = []
+    for top, folders, files in os.walk(path, onerror=failed.append):     # links to folders: listed, not entered
+        for item in (Path(top) / name for name in folders + files):
+            if item.is_symlink() and not inside(path, item):
+                raise SymfusionError(f"{item} is a link to {os.path.realpath(item)}, outside the model folder; "
+                                     "copy the real files into the folder (input folders are read as data)")
+            if not (item.is_file() or item.is_dir()):
+                raise SymfusionError(f"{item} is not a regular file (a FIFO, a device, a socket or a broken link); "
+                                     "a model folder holds files only")
+    if failed:
+        raise SymfusionError(f"cannot list the model folder {path} ({failed[0].strerror})")
     return path
+
+
+def check_tokenizer_names(path: Path) -> None:
+    """Refuse (one line) a tokenizer_config.json naming a tokenizer file that is not a plain name in the folder:
+    transformers opens `fast_tokenizer_files`' choice relative to the folder (`../x` would lead out of it); the
+    other `*_file` keys it replaces by the folder's own files (transformers >= 5), so they are never opened."""
+    if not os.path.lexists(path / "tokenizer_config.json"):
+        return
+    config = read_json(path, "tokenizer_config.json", "tokenizer config")
+    names = config.get("fast_tokenizer_files") if isinstance(config, dict) else None
+    for name in names if isinstance(names, list) else [] if names is None else [names]:
+        model_file(path, name, f"{path / 'tokenizer_config.json'} (fast_tokenizer_files)", must_exist=False)
 
 
 CONFIG_BYTES = 16 * 2**20      # at most this much config.json is read (a real one: a few KiB, label names included)
@@ -171,6 +188,7 @@ def load_tokenizer(model_dir: str | Path):
 @lru_cache(maxsize=4)
 def _tokenizer(model_dir: str):
     load_config(model_dir)                              # a clear error when the folder is no model folder
+    check_tokenizer_names(Path(model_dir))
     try:
         return transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True,
                                                           trust_remote_code=False)
@@ -225,26 +243,54 @@ def check_fits_config(config, state, path: Path, complete: bool = False, cls=Non
                                  "re-export the model")
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A model from a local save_pretrained folder, in eval mode, every weight finite; never downloads, never
-    initialises a weight. The folder's tensors are checked against its config (headers only) before transformers
-    allocates anything, so a config's claims cost no memory."""
+def checked_weights(path: Path) -> tuple[type, dict[str, str]]:
+    """(the class the folder's checkpoint was saved from, tensor name -> safetensors dtype) of a model folder whose
+    files (config.json, index, shards) live inside it and whose tensors are every one that class has, shaped as
+    config.json says (headers only: a config's claims cost no memory); a one-line error otherwise."""
     config = load_config(path)
-    path = Path(path)
-    files = weight_files(path)
-    headers = {key: info for file in files for key, info in shard_header(file).items()}
+    headers = {key: info for file in weight_files(path) for key, info in shard_header(file).items()}
     cls = model_class(config, headers)
     check_fits_config(config, {k: _meta(dtype_name, shape) for k, (dtype_name, shape) in headers.items()}, path,
                       complete=True, cls=cls)
-    dtypes = {key: dtype_name for key, (dtype_name, _) in headers.items()}
+    return cls, {key: dtype_name for key, (dtype_name, _) in headers.items()}
+
+
+def _from_pretrained(cls, path: Path, **options):
+    """(model, loading info) of cls.from_pretrained on a checked folder: local safetensors, no remote code."""
     try:
-        model, info = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, trust_remote_code=False,
-                                          use_safetensors=True, output_loading_info=True)
+        return cls.from_pretrained(str(path), local_files_only=True, trust_remote_code=False, use_safetensors=True,
+                                   output_loading_info=True, **options)
     except Exception as error:  # noqa: BLE001 - weights that do not fit their config are a bad input
         first = first_line(error)
         if "ignore_mismatched_sizes" in first or "size mismatch" in first:
             first = "a tensor's shape disagrees with config.json"
         raise SymfusionError(f"cannot load weights from {path}: {first}") from error
+
+
+def load_pretrained_body(path: str | Path, cls, **options) -> torch.nn.Module:
+    """A fine-tuning start: the model `cls` (a task head over the folder's body) with the folder's weights read as
+    load_model reads them (files inside the folder, safetensors only, every tensor of the checkpoint's own class
+    present, shaped and finite); only what the checkpoint's class lacks (the new head) is initialised."""
+    path = Path(path)
+    checked_weights(path)
+    model, info = _from_pretrained(cls, path, **options)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    body = [k for k in info.get("missing_keys") or [] if prefix and k.startswith(prefix + ".")]
+    if body or info.get("mismatched_keys"):
+        shown = (body or [str(k) for k in info["mismatched_keys"]])[:3]
+        raise SymfusionError(f"checkpoint {path} lacks or mis-shapes tensors ({', '.join(map(str, shown))}) for "
+                             f"{cls.__name__}; the checkpoint and its config disagree")
+    check_finite(model.state_dict(), f"model {path}")
+    return model
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A model from a local save_pretrained folder, in eval mode, every weight finite; never downloads, never
+    initialises a weight. The folder's tensors are checked against its config (headers only) before transformers
+    allocates anything, so a config's claims cost no memory."""
+    path = Path(path)
+    cls, dtypes = checked_weights(path)
+    model, info = _from_pretrained(cls, path, dtype=dtype)
     problems = {kind: sorted(info.get(kind) or []) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     for kind, keys in problems.items():
         if keys:

@@ -42,6 +42,7 @@ from typing import Callable, Iterable
 from symfusion.errors import SymfusionError, as_symfusion_error
 from symfusion.io.marks import HOST as _HOST, TEMP_MARK, interrupts_held, marked_folder, open_lock, own_folder, \
     pid_alive, remove_own, unmarked_leftover
+from symfusion.io.regular import read_regular
 
 FILES_LIST = ".symfusion-files.json"         # in every folder output: what the writer put there
 _RENAME_NOREPLACE = 1
@@ -54,8 +55,8 @@ _AT_FDCWD = -100
 def json_marker(path: Path, keys: Iterable[str]) -> bool:
     """A JSON object with provenance and every one of `keys`: a stage's own report."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = json.loads(read_regular(path))            # a FIFO or a device is not waited on (io/regular.py)
+    except (SymfusionError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and isinstance(data.get("provenance"), dict) and all(k in data for k in keys)
 
@@ -208,8 +209,8 @@ def foreign_entry(folder: Path, stage: str) -> str | None:
     """Why a previous folder output may not be replaced: what in it its writer did not put there (or that
     changed since), or that it has no list of what was written; None when it holds exactly its list."""
     try:
-        written = json.loads((folder / FILES_LIST).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        written = json.loads(read_regular(folder / FILES_LIST))
+    except (SymfusionError, UnicodeDecodeError, ValueError):
         written = None
     if not isinstance(written, dict):
         return (f"it has no readable {FILES_LIST} (the list of what {stage} wrote into it; an older symfusion "

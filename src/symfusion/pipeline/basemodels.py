@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.io.folder import INDEX as SAFETENSORS_INDEX, SINGLE as SAFETENSORS_FILE
+from symfusion.io.folder import INDEX as SAFETENSORS_INDEX, SINGLE as SAFETENSORS_FILE, read_json, weight_map
 from symfusion.io.marks import HOST, is_own, marked_folder, remove_own
 from symfusion.io.outputs import recover_leftovers
 from symfusion.pipeline.revisions import pin_revision
@@ -67,8 +67,10 @@ def safetensors_weights(folder: str | Path) -> tuple[list[str], str | None]:
         found = f" (only {', '.join(pickles)})" if pickles else ""
         return [], f"no safetensors weights: neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX}{found}"
     try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError):
+        shards = sorted(set(read_json(folder, SAFETENSORS_INDEX, "safetensors index")["weight_map"].values()))
+    except SymfusionError as error:                         # read_json: a file inside the folder, or nothing read
+        return [], f"an unreadable {SAFETENSORS_INDEX} ({error})"
+    except (KeyError, TypeError, AttributeError):
         return [], f"an unreadable {SAFETENSORS_INDEX} (no weight_map)"
     missing = [shard for shard in shards if not (folder / shard).is_file()]
     if not shards or missing:
@@ -215,6 +217,7 @@ def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path =
     if missing is not None:
         raise SymfusionError(f"base model {spec!r} resolves to {folder}, which has {missing}; save it with "
                              "save_pretrained (safetensors)")
+    weight_map(folder)              # align()'s resolver: every shard a plain name inside the folder, headers as indexed
     return BaseModel(spec=spec, source=source, folder=str(folder), revision=revision if source == "hub" else None,
                      weights=tuple(weights))
 

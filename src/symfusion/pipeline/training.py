@@ -6,11 +6,14 @@ loader per epoch, a validation score after each epoch, the best epoch's weights 
 the lowest with maximize=False, as a loss; ties keep the earlier epoch; NaN ranks lowest),
 and after every epoch a checkpoint beside the output folder (`.NAME.checkpoint`) holding the model,
 the optimizer moments, the RNG states and the progress. A killed run resumes from it to the same
-weights it would have reached without the interruption; a checkpoint of another configuration (its
-fingerprint differs) is ignored.
+weights it would have reached without the interruption; a checkpoint of another run (its fingerprint differs)
+is ignored. The fingerprint is the trainer's own (its configuration and the data's content: `tensors_digest`)
+joined by fit with the digest of the model it starts from (the base weights, the new head, every shape), so a
+checkpoint is resumed only by the run that made it, whatever the task kind.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -251,6 +254,22 @@ class Fitted:
     epoch_seconds: list[float] = field(default_factory=list)
 
 
+def tensors_digest(*tensors: torch.Tensor) -> str:
+    """sha256 of tensors' dtypes, shapes and values (a split's content, a model's starting weights)."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{flat.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def run_fingerprint(fingerprint: str, model: torch.nn.Module) -> str:
+    """The trainer's fingerprint joined with the digest of the model's state before training (names included)."""
+    state = model.state_dict()
+    return hashlib.sha256((fingerprint + json.dumps(sorted(state)) + tensors_digest(*state.values())).encode()).hexdigest()
+
+
 def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batch_loss: Callable,
         validate: Callable, epochs: int, fingerprint: str, generator: torch.Generator, metric: str,
         maximize: bool = True) -> Fitted:
@@ -262,6 +281,7 @@ def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batc
     """
     checkpoint = checkpoint_dir(output)
     start_epoch, best, history = 0, {"score": None, "epoch": None}, []
+    fingerprint = run_fingerprint(fingerprint, model)         # what the run starts from, for every task kind
     resumed = load_checkpoint(checkpoint, model, optimizer, fingerprint, generator)
     if resumed:
         start_epoch, best, history = resumed

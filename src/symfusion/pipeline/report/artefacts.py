@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from csv import Error as CSVError
+import os
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
@@ -47,20 +48,22 @@ def run_report(artefact: str, inputs: list[str], output: str) -> list:
     with claimed(files, list(inputs)) as claims:
         if entry is None:
             everything = list(experiments().values())
-            built = audit.build_report(list(inputs), output, everything, summary_lines(output.parent,
-                                                                                      audit.figures_folder(inputs, output.parent.name)))
+            built = audit.build_report(list(inputs), output, everything, summary_lines(
+                output.parent, audit.figures_folder(inputs, output.parent.name), audit.given(inputs)))
         else:
             built = writer_of(entry).build(list(inputs), entry)
         write_claimed(claims, output, built)
     return built.rows
 
 
-def summary_lines(results: Path, figures: Path) -> list[str]:
-    """Every artefact's summary lines, in the registry's order, from the CSVs a run has written."""
+def summary_lines(results: Path, figures: Path, inputs: set[str] | None = None) -> list[str]:
+    """Every artefact's summary lines, in the registry's order, from the CSVs of the artefacts among `inputs` (real
+    paths of a table's CSV or a figure's PNG: audit.given; None: every one the folders hold); a file lying in the
+    folder but not given is not read."""
     lines = []
     for entry in experiments().values():
         csv = (results if entry.kind == "table" else figures) / f"{entry.name}.csv"
-        if not csv.is_file():
+        if (inputs is not None and os.path.realpath(csv.with_suffix(entry.suffix)) not in inputs) or not csv.exists():
             continue
         try:
             lines += writer_of(entry).summary(csv, entry)

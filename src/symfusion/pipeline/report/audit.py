@@ -1,5 +1,8 @@
 """The audit report: every table and figure of the registry beside the paper's, with each artefact's summary lines, the
-paper's known anomalies, what differs from the paper, and a provenance.json of every run behind them."""
+paper's known anomalies, what differs from the paper, and a provenance.json of every run behind them.
+
+The report shows what it was given: a table or figure is shown only when its artefact (a table's CSV, a figure's
+PNG) is among the inputs, never because a file of that name lies in the results folder (`given`)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +11,9 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from symfusion.errors import SymfusionError
 from symfusion.io.provenance import provenance
+from symfusion.io.regular import is_regular, read_regular_text
 from symfusion.pipeline.report.registry import Experiment
 from symfusion.pipeline.report.results import Built, read_paper_table, signed_markdown, unsigned_markdown
 
@@ -59,16 +64,27 @@ def paper_anomalies() -> list[str]:
     return notes
 
 
-def table_section(results: Path, experiment: Experiment) -> str:
-    """A table's section of report.md: its Markdown without its own title (and signature) under the registry's."""
+def given(inputs: list[str]) -> set[str]:
+    """The real paths of the report's inputs (an artefact is shown only when it is one of them)."""
+    return {os.path.realpath(p) for p in inputs}
+
+
+def table_section(results: Path, experiment: Experiment, inputs: set[str] | None = None) -> str:
+    """A table's section of report.md: its Markdown without its own title (and signature) under the registry's,
+    when its CSV is among the `inputs` (given(); None: whenever the folder holds it)."""
     md = results / f"{experiment.name}.md"
-    if not md.is_file() and experiment.on_demand:
+    if inputs is not None and os.path.realpath(md.with_suffix(".csv")) not in inputs:
+        md = None
+    if (md is None or not md.exists()) and experiment.on_demand:
         return (f"## {experiment.title}\n\nBuilt on demand, not by the default run: `snakemake --cores 2 "
                 f"{results / experiment.name}.csv --config profile={results.name}` (in a profile with its "
                 f"`{experiment.track}` track).\n\n")
-    if not md.is_file():
+    if md is None or not md.exists():
         return f"## {experiment.title}\n\nNot produced in this profile.\n\n"
-    body = unsigned_markdown(md.read_text()).split("\n", 2)[-1]            # drop the file's own title line
+    try:
+        body = unsigned_markdown(read_regular_text(md)).split("\n", 2)[-1]    # drop the file's own title line
+    except UnicodeDecodeError as error:
+        raise SymfusionError(f"{md} is not the UTF-8 Markdown symfusion-report writes; rebuild it") from error
     return f"## {experiment.title}\n\n{body.strip()}\n\n"
 
 
@@ -76,11 +92,12 @@ def run_provenance(results: Path) -> dict:
     """Every stage JSON under the results dir: its resolved config, seed and code version."""
     runs = {}
     for path in sorted(results.rglob("*.json")):
-        if "logs" in path.parts or "benchmarks" in path.parts or path.name == "provenance.json":
+        if "logs" in path.parts or "benchmarks" in path.parts or path.name == "provenance.json" \
+                or not is_regular(path):                # a FIFO or a device is never opened (io/regular.py)
             continue
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            data = json.loads(read_regular_text(path))
+        except (SymfusionError, ValueError):            # UnicodeDecodeError and JSON errors are ValueErrors
             continue
         record = data.get("provenance") if isinstance(data, dict) else None
         if record:
@@ -108,10 +125,10 @@ def build_report(inputs: list[str], output: Path, experiments: list[Experiment],
             "Paper: Zhang et al., "
             "ICML 2025, arXiv 2502.00264; its numbers come from conf/paper/*.csv.\n",
             "## Summary\n", *[f"- {line}" for line in lines], "",
-            *[table_section(results, e) for e in experiments if e.kind == "table"],
+            *[table_section(results, e, given(inputs)) for e in experiments if e.kind == "table"],
             "## Figures\n"]
     for e in experiments:
-        if e.kind == "figure" and (figures_abs / f"{e.name}.png").is_file():
+        if e.kind == "figure" and os.path.realpath(figures_abs / f"{e.name}.png") in given(inputs):
             text.append(f"![{e.title}]({figures / f'{e.name}.png'})\n\n*{e.title}* Numbers: `{figures / f'{e.name}.csv'}`.\n")
     text += ["## Known anomalies of the paper\n", *[f"- {n}" for n in paper_anomalies()], "",
              "## What differs from the paper, and why\n", *[f"- {d}" for d in DIFFERENCES.get(profile, [])], "",

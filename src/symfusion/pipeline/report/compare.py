@@ -38,6 +38,7 @@ from typing import Callable
 import yaml
 
 from symfusion.errors import SymfusionError
+from symfusion.io.regular import read_regular, read_regular_text
 from symfusion.pipeline.report.registry import experiments
 from symfusion.pipeline.uncertainty import NO_CHANGE, VERDICTS
 
@@ -83,9 +84,9 @@ def read_rows(text: str) -> list[dict]:
 
 def load_table(path: Path) -> list[dict]:
     try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as error:
-        raise Malformed(f"unreadable ({error.strerror})") from error
+        text = read_regular(path).decode("utf-8")        # a FIFO, a device or a huge file: refused (io/regular.py)
+    except SymfusionError as error:
+        raise Malformed(str(error)) from error
     except UnicodeDecodeError as error:
         raise Malformed("not UTF-8 text") from error
     if "\x00" in text:
@@ -151,13 +152,13 @@ def spread_tolerance(reference: dict, column: str) -> float:
 def recorded_tolerances(reference: Path) -> dict[str, list[tuple[str, float]]]:
     """file -> [(column pattern, tolerance)] from the reference's tolerances.yaml (none when it has no such file)."""
     path = reference / TOLERANCES_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():       # a FIFO or a device there is refused by read_regular
         return {}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_regular_text(path)) or {}
         found = {name: [(str(pattern), float(value)) for pattern, value in columns.items()]
                  for name, columns in (data.get("tolerances") or {}).items()}
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError) as error:
+    except (SymfusionError, yaml.YAMLError, AttributeError, TypeError, ValueError) as error:
         raise SymfusionError(f"{path} is not a readable tolerances file ({str(error).splitlines()[0]}); "
                              "it maps file -> column pattern -> tolerance under `tolerances:`") from error
     if any(not math.isfinite(v) or v < 0 for columns in found.values() for _, v in columns):
@@ -247,9 +248,9 @@ def compare_rows(name: str, ours: list[dict], theirs: list[dict], tolerance: flo
 def compare_file(name: str, path: Path, reference: Path, tolerance: float,
                  within_intervals: bool = False, recorded: list[tuple[str, float]] | None = None) -> tuple[list[str], bool]:
     """(problems, compared) for one artefact that at least one side has."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():     # a FIFO or a device is malformed (load_table), not missing
         return [f"{name}: missing from the run ({path}); the reference has it"], False
-    if not reference.is_file():
+    if not reference.exists() and not reference.is_symlink():
         return [f"{name}: the run has it but the reference ({reference}) does not"], False
     try:
         ours = load_table(path)
@@ -291,8 +292,8 @@ def figures_of(run_dir: Path) -> Path | None:
     if not report.is_file():
         return None
     try:
-        text = report.read_text()
-    except (OSError, UnicodeDecodeError):
+        text = read_regular_text(report)
+    except (SymfusionError, UnicodeDecodeError):
         return None
     links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
     return (run_dir / links[0]).parent if links else None
@@ -305,8 +306,8 @@ def mkl_path(run_dir: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):                    # UnicodeDecodeError and JSON errors are ValueErrors
+        record = json.loads(read_regular(path))
+    except (SymfusionError, ValueError):             # UnicodeDecodeError and JSON errors are ValueErrors
         return None
     machine = record.get("machine") if isinstance(record, dict) else None
     return machine.get("mkl_cbwr") if isinstance(machine, dict) else None

@@ -23,6 +23,7 @@ from symfusion.pipeline.config import CONF_DIR
 from symfusion.errors import SymfusionError, steps
 from symfusion.fusion import FUSION_METHODS
 from symfusion.io.outputs import safe_output, writing_together
+from symfusion.io.regular import read_regular, read_regular_text
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the writers' plotting module, without a display)
@@ -52,10 +53,10 @@ def result_file(path: str | Path) -> tuple[str, Path]:
 def read_json(path: str | Path) -> dict:
     """The JSON object of a result (a folder: its stage report), or a one-line error."""
     _, path = result_file(path)
-    if not path.is_file():
+    if not path.exists():
         raise SymfusionError(f"result file {path} does not exist; run the pipeline stage that writes it")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular_text(path))           # a regular file of bounded size (io/regular.py)
     except (UnicodeDecodeError, ValueError) as error:
         raise SymfusionError(f"{path} is not a JSON result of a symfusion stage; pass the stage's own output") from error
     if not isinstance(data, dict):
@@ -127,8 +128,8 @@ def model_name(path: str) -> str:
 
 
 def read_csv_rows(path: Path) -> list[dict]:
-    with open(path) as handle:
-        return list(csv.DictReader(handle))
+    """The rows of a CSV of a results folder (a regular file of bounded size: io/regular.py)."""
+    return list(csv.DictReader(io.StringIO(read_regular_text(path), newline="")))
 
 
 # ---------------------------------------------------------------- what an artefact writes
@@ -235,8 +236,8 @@ def is_signed_markdown(text: str) -> bool:
 def is_report_output(path: Path) -> bool:
     """Whether an existing file is an artefact symfusion-report wrote (a previous output may be replaced)."""
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = read_regular(path)                   # a FIFO, a device or a huge file is no report output
+    except SymfusionError:
         return False
     suffix = path.suffix
     if suffix == ".png":

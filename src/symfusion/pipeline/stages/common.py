@@ -1,7 +1,7 @@
 """What several stages share: loading and checking model folders, fusion statistic batches, and checking that a symmetry kept the function."""
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 import torch
@@ -9,6 +9,7 @@ import torch
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
 from symfusion.measures import model_outputs, probe_inputs
+from symfusion.io.folder import read_json
 from symfusion.io.modelio import load_config, load_model
 
 
@@ -24,8 +25,13 @@ def require_folder(value, name: str) -> Path:
 
 def matching_of(model_dir: Path) -> str:
     """The matching a model folder went through ('none' for an end model)."""
-    match_json = Path(model_dir) / "match.json"
-    return json.loads(match_json.read_text())["matching"] if match_json.is_file() else "none"
+    if not os.path.lexists(Path(model_dir) / "match.json"):
+        return "none"
+    record = read_json(model_dir, "match.json", "match report")          # inside the folder, a regular file, bounded
+    if not isinstance(record, dict) or not isinstance(record.get("matching"), str):
+        raise SymfusionError(f"{Path(model_dir) / 'match.json'} is not symfusion-match's report (no `matching`); "
+                             "rerun symfusion-match")
+    return record["matching"]
 
 
 def check_same_shapes(models: list, dirs: list[Path]) -> None:

@@ -1,13 +1,14 @@
 """The evaluate stage: metrics of a model folder on one or more tasks (image accuracy/loss; text task metrics), as JSON."""
 from __future__ import annotations
 
-import json
+import os
 import time
 from pathlib import Path
 
 import torch
 
 from symfusion.errors import SymfusionError
+from symfusion.io.folder import read_json
 from symfusion.io.modelio import compute_device, load_model, write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
@@ -20,9 +21,8 @@ EVAL_MARKER = file_marker(("method", "metrics", "results"))
 
 def model_origin(model_dir: Path) -> dict:
     """How a model folder was made: end model, or merged with which method and matching."""
-    merge_json = model_dir / "merge.json"
-    if merge_json.is_file():
-        return merge_origin(json.loads(merge_json.read_text()))
+    if os.path.lexists(Path(model_dir) / "merge.json"):             # inside the folder, a regular file, bounded
+        return merge_origin(read_json(model_dir, "merge.json", "merge report"))
     return {"method": "end_model", "matching": "none"}
 
 

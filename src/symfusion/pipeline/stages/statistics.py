@@ -28,6 +28,7 @@ from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method
 from symfusion.io.modelio import compute_device, load_model
 from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
+from symfusion.io.regular import is_regular
 from symfusion.pipeline.stages.common import fusion_batches, require_folder
 from symfusion.pipeline.training import autocast, use_autocast
 
@@ -78,7 +79,10 @@ def statistic_identity(method: str, fusion: dict, family: str | None, model_sha:
 
 
 def _open_statistics(path: Path):
-    """(an open safetensors handle, its metadata) of a statistics file, None when `path` is not one."""
+    """(an open safetensors handle, its metadata) of a statistics file, None when `path` is not one (a FIFO or a
+    device is not opened: io/regular.py)."""
+    if not is_regular(path):
+        return None
     try:
         handle = safe_open(str(path), framework="pt")
         metadata = handle.metadata() or {}

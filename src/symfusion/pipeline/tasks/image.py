@@ -19,7 +19,7 @@ from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
 from symfusion.pipeline.tasks.base import Task, plain, statistics_split
 from symfusion.pipeline.training import (TRAIN_MARKER, adamw, autocast, cosine_schedule, evaluation_precision, fit,
-                                         loader_options, remove_checkpoint, training_run, use_autocast)
+                                         loader_options, remove_checkpoint, tensors_digest, training_run, use_autocast)
 
 VIT_FIELDS = ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -191,7 +191,9 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
         raise SymfusionError(f"train split has {len(train_set)} images, fewer than batch_size={batch_size}")
     scheduler = cosine_schedule(optimizer, total_steps, warmup_ratio)
     fingerprint = json.dumps([model_cfg, seed, epochs, batch_size, lr, weight_decay, warmup_ratio,
-                              augmentation, len(train_set)] + (["bf16"] if amp else []), sort_keys=True)
+                              augmentation, len(train_set),
+                              tensors_digest(train_set.pixels, train_set.labels, validation_set.pixels,
+                                             validation_set.labels)] + (["bf16"] if amp else []), sort_keys=True)
 
     def batch_loss(batch):
         pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]

@@ -13,7 +13,7 @@ from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data.text import KINDS, load_text_splits
 from symfusion.errors import SymfusionError
 from symfusion.families import token_limit
-from symfusion.io.modelio import compute_device, load_tokenizer, to_device, write_json
+from symfusion.io.modelio import compute_device, load_pretrained_body, load_tokenizer, to_device, write_json
 from symfusion.io.outputs import safe_output
 from symfusion.pipeline.packing import padding_free, token_maps
 from symfusion.io.provenance import provenance
@@ -143,11 +143,7 @@ def build_text_model(base_model_dir: str | Path, kind: str, label_names: list[st
                    "label2id": {name: i for i, name in enumerate(label_names)}}
         if kind == "text_classification":
             options["problem_type"] = "single_label_classification"
-    try:
-        return cls.from_pretrained(str(base_model_dir), local_files_only=True, trust_remote_code=False,
-                                   dtype=torch.float32, **options)
-    except (OSError, ValueError) as error:
-        raise SymfusionError(f"cannot load {base_model_dir} as a {kind} model: {str(error).splitlines()[0]}") from error
+    return load_pretrained_body(base_model_dir, cls, dtype=torch.float32, **options)   # align()'s checks (modelio)
 
 
 def _fingerprint(*parts) -> str:
