@@ -1,0 +1,172 @@
+"""Benchmark: k models merged into one (issue 58, its first step): the centroid merge and the simplex barrier of k ViTs.
+
+For k end models (trained by the mini's recipe: symfusion-train task=fashion_mnist model=vit_mini profile=mini seed=S)
+and each way of moving them into one basis, the table gives the centroid (equal-weight) merge's test accuracy and loss
+(the 10,000 test images) and the simplex barrier: the largest, over a grid of the simplex (weights c/N, and the
+centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test images (the mini barrier's subset).
+    naive        the models as trained
+    anchor       each model onto model 0 by pairwise full_symmetry (align(); anchor matching)
+    perm         the universe (symfusion.align_many) over permutations only: heads, FFN neurons and a (signed)
+                 permutation of the residual stream, the same alternation (MergeMany-like)
+    universe     the universe over the whole group, data-free (align_many, matching="full_symmetry")
+beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
+per round and seconds, against k pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two
+models) the universe against the pairwise solve: distance and the Simple (midpoint) merge.
+    python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+import symfusion
+from symfusion.arch import layout_of
+from symfusion.io.loaded import tied
+from symfusion.io.modelio import load_model
+from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.measures import parameter_distance
+from symfusion.pipeline.config import load_group
+from symfusion.pipeline.tasks import make_task
+from symfusion.symmetry import apply_transform
+
+PERMUTATIONS = MatchConfig(attention="permutation", rescale=False, ffn="permutation", heads=True, residual="permutation")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def mixture(states: list[dict], weights) -> dict:
+    return {k: sum(w * s[k] for w, s in zip(weights, states)) if v.is_floating_point() else v
+            for k, v in states[0].items()}
+
+
+def simplex_grid(k: int, n: int) -> list[tuple[float, ...]]:
+    """The weights c/n (c integers summing to n) with at least two nonzero, and the centroid."""
+    points = [tuple(c / n for c in combo) for combo in itertools.product(range(n + 1), repeat=k)
+              if sum(combo) == n and sum(x > 0 for x in combo) >= 2]
+    centroid = tuple(1 / k for _ in range(k))
+    return points + ([centroid] if all(max(abs(a - b) for a, b in zip(p, centroid)) > 1e-12 for p in points) else [])
+
+
+def evaluate(model, state, task, examples=None) -> dict:
+    model.load_state_dict(state)
+    result = task.evaluate(model.eval(), "test", examples=examples)
+    return {"accuracy": result["accuracy"], "loss": result["loss"]}
+
+
+def ensemble(models, task) -> dict:
+    """The logit ensemble on the whole test split: accuracy and the cross-entropy of the mean logits."""
+    hits, losses = 0, []
+    for batch in DataLoader(task.split("test"), batch_size=500, shuffle=False):
+        logits = torch.stack([m(pixel_values=batch["pixel_values"]).logits for m in models]).mean(0)
+        hits += int((logits.argmax(-1) == batch["labels"]).sum())
+        losses += torch.nn.functional.cross_entropy(logits.double(), batch["labels"], reduction="none").tolist()
+    return {"accuracy": hits / len(losses), "loss": math.fsum(losses) / len(losses)}
+
+
+def barrier(model, states, ends, task, grid, examples) -> float:
+    """max over the grid of loss(mixture) - sum_i w_i loss(end_i), on the same `examples` test images."""
+    return max(evaluate(model, mixture(states, w), task, examples)["loss"] - sum(x * e for x, e in zip(w, ends))
+               for w in grid)
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, default=Path("/work/kway-models"))
+    parser.add_argument("--names", nargs="+", default=["seed0", "seed1", "seed2"])
+    parser.add_argument("--grid", type=int, default=4, help="simplex grid step 1/N (plus the centroid)")
+    parser.add_argument("--examples", type=int, default=2000, help="test images per barrier point (the mini's)")
+    parser.add_argument("--max-rounds", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    models = [load_model(str(args.models / n)).eval() for n in args.names]
+    states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+    layout = layout_of(models[0].config, states[0])
+    task = make_task("fashion_mnist", load_group("profile", "mini"))
+    work = load_model(str(args.models / args.names[0])).eval()
+    k, full = len(models), matching_config("full_symmetry")
+
+    pairwise_seconds, anchor = [], [states[0]]
+    for i in range(1, k):
+        start = time.perf_counter()
+        transform = match_models(states[i], states[0], layout, full, tied=tied(models[0])).transform
+        pairwise_seconds.append(time.perf_counter() - start)
+        anchor.append(apply_transform(states[i], layout, transform))
+    ways = {"naive": (states, None), "anchor": (anchor, None)}
+    for name, config in (("perm", PERMUTATIONS), ("universe", "full_symmetry")):
+        aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
+        ways[name] = ([m.state_dict() for m in aligned], report)
+
+    grid = simplex_grid(k, args.grid)
+    ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
+    ends_full = [evaluate(work, s, task) for s in states]
+    rows = {}
+    for name, (aligned, report) in ways.items():
+        centroid = evaluate(work, mixture(aligned, [1 / k] * k), task)
+        rows[name] = {"centroid": centroid, "barrier": barrier(work, aligned, ends_subset, task, grid, args.examples),
+                      "objective": None if report is None else report["objective"],
+                      "converged": None if report is None else report["converged"],
+                      "seconds": None if report is None else report["seconds"],
+                      "checks": None if report is None else [c["relative_output_change_float64"] for c in report["checks"]]}
+        print(name, json.dumps(rows[name]), flush=True)
+    best = max(ends_full, key=lambda r: r["accuracy"])
+    logit = ensemble(models, task)
+
+    # k = 2: the universe of the first two models against the pairwise solve of model 1 onto model 0
+    pair_state = anchor[1]
+    two, two_report = symfusion.align_many(models[:2], max_rounds=args.max_rounds)
+    two_states = [m.state_dict() for m in two]
+    work2 = load_model(str(args.models / args.names[0])).eval()
+    pair_moved = load_model(str(args.models / args.names[1])).eval()
+    pair_moved.load_state_dict(pair_state)
+    k2 = {"pairwise": {"distance": parameter_distance(pair_moved, models[0], layout)["total"],
+                       "simple": evaluate(work2, mixture([states[0], pair_state], [0.5, 0.5]), task)},
+          "universe": {"distance": parameter_distance(two[1], two[0], layout)["total"],
+                       "simple": evaluate(work2, mixture(two_states, [0.5, 0.5]), task),
+                       "objective": two_report["objective"], "seconds": two_report["seconds"]}}
+
+    print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} simplex points "
+          f"(step 1/{args.grid} and the centroid) on {args.examples} test images; the centroid on all 10,000\n")
+    print("| models into one basis | centroid accuracy % | centroid loss | simplex barrier | objective J (start -> end) | "
+          "rounds | solve s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        objective = "" if row["objective"] is None else f"{row['objective'][0]:.1f} -> {row['objective'][-1]:.1f}"
+        rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1}{'' if row['converged'] else ' (cap)'}"
+        seconds = f"{sum(pairwise_seconds):.1f} ({k - 1} pairwise)" if name == "anchor" else \
+            ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
+        print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+              f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")
+    print(f"| best end model | {100 * best['accuracy']:.2f} | {best['loss']:.4f} | | | | |")
+    print(f"| logit ensemble | {100 * logit['accuracy']:.2f} | {logit['loss']:.4f} | | | | |")
+    one = sum(pairwise_seconds) / len(pairwise_seconds)
+    print(f"\none pairwise full_symmetry solve: {one:.2f} s (mean of {len(pairwise_seconds)}); k of them: {k * one:.1f} s; "
+          f"the universe's solve: {rows['universe']['seconds']:.1f} s = {rows['universe']['seconds'] / (k * one):.2f}x")
+    print(f"the universe's J per round: {', '.join(f'{j:.2f}' for j in rows['universe']['objective'])}")
+    print(f"the permutation universe's J per round: {', '.join(f'{j:.2f}' for j in rows['perm']['objective'])}")
+    print(f"\nk = 2 ({args.names[1]} and {args.names[0]}): pairwise full_symmetry distance {k2['pairwise']['distance']:.4f}, "
+          f"Simple {100 * k2['pairwise']['simple']['accuracy']:.2f}% (loss {k2['pairwise']['simple']['loss']:.4f}); "
+          f"universe distance {k2['universe']['distance']:.4f}, Simple {100 * k2['universe']['simple']['accuracy']:.2f}% "
+          f"(loss {k2['universe']['simple']['loss']:.4f}); its J per round "
+          f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "best": best, "ensemble": logit, "k2": k2,
+                                        "pairwise_seconds": pairwise_seconds, "ends": ends_full}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
