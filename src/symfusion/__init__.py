@@ -5,8 +5,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """symfusion.align (api.align) and symfusion.align_many (many.align_many) are imported on first use, so that the command-line
-    stages start fast."""
+    """symfusion.align (api.align) and symfusion.align_many (many.align_many) are imported on first use, so that the
+    command-line stages start fast."""
     if name == "align":
         return importlib.import_module("symfusion.api").align
     if name == "align_many":

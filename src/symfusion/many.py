@@ -78,7 +78,8 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
         "matching": matching if isinstance(matching, str) else None, "matching_config": config.as_report(),
         "family": layout.family, "models": len(models), "objective": universe.objective, "rounds": universe.rounds,
         "converged": universe.converged, "max_rounds": max_rounds,
-        "pairwise_distance_before": _pairwise(states, keys), "pairwise_distance_after": _pairwise(universe.aligned, keys),
+        "pairwise_distance_before": _pairwise(states, keys),
+        "pairwise_distance_after": _pairwise(universe.aligned, keys),
         "checks": checks, "seconds": universe.seconds, "transforms": universe.transforms}
 
 

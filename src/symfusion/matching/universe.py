@@ -8,7 +8,8 @@ With m_{-i} the mean of the other k - 1 copies,
 so J as a function of g_i alone is ((k - 1)/k) |X_i - m_{-i}|^2 plus a constant. One step matches the ORIGINAL
 theta_i (never a moved copy: no rounding piles up) onto the leave-one-out consensus m_{-i} with the pairwise solver
 (match_models), and keeps the new g_i only when its copy is closer to m_{-i} (in float64) than the current one, by
-more than TOL times the models' mean squared norm (less is rounding): J never rises (generalised Procrustes; MergeMany's alternation, here over the whole group).
+more than TOL times the models' mean squared norm (less is rounding): J never rises (generalised Procrustes;
+MergeMany's alternation, here over the whole group).
 Start: every model onto model 0 (the anchor matching; g_0 = identity). A round visits i = 0..k-1 in order (each
 step sees the copies the earlier steps moved); the alternation stops at a round that keeps no new element (a fixed
 point) or after MAX_ROUNDS (converged: false). Every step is deterministic, so the result is.
