@@ -80,7 +80,8 @@ def vit_run(tmp: Path, change: str):
 
 
 def _bert_base(folder: Path, bump: float = 0.0) -> Path:
-    if not folder.exists():
+    """A tiny BERT base with its tokenizer at `folder`; bump != 0 rewrites its weights in place (same path)."""
+    if not folder.exists() or bump:
         model = tiny_model("bert", seed=1, head=None)
         with torch.no_grad():
             model.embeddings.word_embeddings.weight[0, 0] += bump
@@ -100,7 +101,7 @@ def text_run(tmp: Path, change: str):
     elif change == "labels":
         splits.splits["train"][0] = {**splits.splits["train"][0], "label": 1 - splits.splits["train"][0]["label"]}
     elif change == "base":
-        base = _bert_base(tmp / "bert_bumped", bump=0.5)
+        base = _bert_base(tmp / "bert", bump=0.5)       # the same folder, its weights changed in place
     elif change == "shapes":
         splits.label_names = ["negative", "positive", "neutral"]
     elif change == "seed":
