@@ -57,6 +57,7 @@ WRITERS = {
         "symfusion.io.rewrite:write_like", "symfusion.io.sharded:open_writers", "symfusion.io.sharded:finish_folder",
         "symfusion.io.sharded:__init__", "symfusion.symmetry:save")},
     "symfusion.pipeline.report.results:figure_files": "savefig into an in-memory buffer (nothing on disk)",
+    "symfusion.io.regular:read_regular": "os.open read-only (O_RDONLY | O_NONBLOCK): it writes nothing",
     "symfusion.pipeline.training:save_checkpoint": "test_a_checkpoint_name_that_is_not_the_trainers_is_refused",
     "symfusion.pipeline.data.text.lm_cache:cached_text": "test_caches_read_and_replace_only_this_users_entries",
     "symfusion.pipeline.data.text.lm_cache:cached_blocks": "test_caches_read_and_replace_only_this_users_entries",
