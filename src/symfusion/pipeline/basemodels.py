@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symfusion.errors import SymfusionError
-from symfusion.io.folder import INDEX as SAFETENSORS_INDEX, SINGLE as SAFETENSORS_FILE, read_json, weight_map
+from symfusion.io.folder import INDEX as SAFETENSORS_INDEX, SINGLE as SAFETENSORS_FILE, read_json
 from symfusion.io.marks import HOST, is_own, marked_folder, remove_own
 from symfusion.io.outputs import recover_leftovers
 from symfusion.pipeline.revisions import pin_revision
@@ -217,7 +217,6 @@ def resolve_base(spec: str, revision: str | None = None, cache_dir: str | Path =
     if missing is not None:
         raise SymfusionError(f"base model {spec!r} resolves to {folder}, which has {missing}; save it with "
                              "save_pretrained (safetensors)")
-    weight_map(folder)              # align()'s resolver: every shard a plain name inside the folder, headers as indexed
     return BaseModel(spec=spec, source=source, folder=str(folder), revision=revision if source == "hub" else None,
                      weights=tuple(weights))
 
