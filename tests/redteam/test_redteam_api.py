@@ -34,6 +34,7 @@ WRONG = {
     # good batches given to the default matching, which reads the weights only (refused, not silently unread)
     "in_memory": ["yes", 1, [True]],
     "record": ["provenance", ["a"], {1: "x"}],
+    "progress": ["yes", 1, [True]],
 }
 FOLDERS = ("output", "in_memory", "record")   # wrong values tried with two folders (the others with modules)
 
