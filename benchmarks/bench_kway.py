@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="test images per barrier point (the mini's)")
     parser.add_argument("--max-rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--timing-only", action="store_true", help="only the solves' seconds (wall and CPU), no evaluation")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = [load_model(str(args.models / n)).eval() for n in args.names]
@@ -99,16 +100,27 @@ def main() -> None:
     work = load_model(str(args.models / args.names[0])).eval()
     k, full = len(models), matching_config("full_symmetry")
 
-    pairwise_seconds, anchor = [], [states[0]]
+    pairwise_seconds, pairwise_cpu, anchor = [], [], [states[0]]
     for i in range(1, k):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         transform = match_models(states[i], states[0], layout, full, tied=tied(models[0])).transform
         pairwise_seconds.append(time.perf_counter() - start)
+        pairwise_cpu.append(time.process_time() - cpu)
         anchor.append(apply_transform(states[i], layout, transform))
-    ways = {"naive": (states, None), "anchor": (anchor, None)}
+    ways, cpu_of = {"naive": (states, None), "anchor": (anchor, None)}, {}
     for name, config in (("perm", PERMUTATIONS), ("universe", "full_symmetry")):
+        cpu = time.process_time()
         aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
+        cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
+    one = sum(pairwise_cpu) / len(pairwise_cpu)
+    print(f"{cpu_name()}, 1 thread: one pairwise full_symmetry solve {one:.2f} CPU s (mean of {len(pairwise_cpu)}; "
+          f"wall {sum(pairwise_seconds) / len(pairwise_seconds):.2f} s); k of them {k * one:.1f} CPU s; the universe "
+          f"{cpu_of['universe']:.1f} CPU s = {cpu_of['universe'] / (k * one):.2f}x ({len(ways['universe'][1]['rounds'])} "
+          f"rounds; wall {ways['universe'][1]['seconds']:.1f} s); the permutation universe {cpu_of['perm']:.1f} CPU s",
+          flush=True)
+    if args.timing_only:
+        return
 
     grid = simplex_grid(k, args.grid)
     ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
