@@ -209,6 +209,16 @@ def test_a_setting_the_profiles_sources_decide_is_refused(tmp_path):
     command_line_first(cfg, {"task.max_length"})                   # one it does not decide: the command line's
 
 
+def test_a_model_setting_the_profiles_sources_decide_is_refused(tmp_path):
+    """The manifest's models patch (profile_model) would replace a base model given on the command line silently."""
+    manifest = tmp_path / "sources.json"
+    manifest.write_text(json.dumps({"models": {"minilm": {"base_model": str(tmp_path / "standin")}}}))
+    cfg = compose_config("train", ["task=rt_d0", "model=minilm", "profile=smoke", f"+profile.sources={manifest}"])
+    with pytest.raises(SymfusionError, match="model.base_model is set by profile smoke's sources"):
+        command_line_first(cfg, {"model.base_model"})
+    command_line_first(cfg, {"model.tie_word_embeddings"})         # one it does not decide: the command line's
+
+
 # ---------------------------------------------------------------- class 6: statistics with too little evidence
 
 def better_and_worse(metric: str, n: int) -> tuple[dict, dict]:

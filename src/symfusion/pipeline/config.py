@@ -264,16 +264,21 @@ def command_line_first(cfg: DictConfig, given: set[str]) -> None:
     """A task setting given on the command line (task.KEY=...) wins over the profile's: the profile's task_patch and
     source_patch lose that key (task.limit=... drops the patch's whole limit; task.limit.train=... its train cap
     only); a setting the profile's sources manifest (profile.sources: the stand-ins' data and models) decides is
-    refused in one line, since the profile cannot run without it."""
-    keys = sorted(k[len("task."):] for k in given if k.startswith("task."))
+    refused in one line, since the profile cannot run without it; so is a model setting (model.KEY=...) the manifest
+    decides (a model's base_model), which would otherwise replace the command line's silently."""
     profile = cfg.get("profile")
-    if not keys or not OmegaConf.is_dict(profile):
+    if not OmegaConf.is_dict(profile):
         return
-    manifest = profile_sources(profile).get("tasks", {}).get(OmegaConf.select(cfg, "task.name")) or {}
-    for key in keys:
-        if OmegaConf.select(OmegaConf.create(manifest), key) is not None:
-            raise SymfusionError(f"task.{key} is set by profile {profile.get('name')}'s sources ({profile.sources}); "
-                                 "drop it, or run under another profile")
+    for group in ("task", "model"):
+        names = sorted(k[len(group) + 1:] for k in given if k.startswith(group + "."))
+        if names and profile.get("sources"):
+            decided = profile_sources(profile).get(group + "s", {}).get(OmegaConf.select(cfg, group + ".name")) or {}
+            for key in (k for k in names if OmegaConf.select(OmegaConf.create(decided), k) is not None):
+                raise SymfusionError(f"{group}.{key} is set by profile {profile.get('name')}'s sources "
+                                     f"({profile.sources}); drop it, or run under another profile")
+    keys = sorted(k[len("task."):] for k in given if k.startswith("task."))
+    if not keys:
+        return
     sections = [v for v in profile.values() if OmegaConf.is_dict(v)]
     patches = [s.get("task_patch") for s in sections]
     patches += [p for s in sections if OmegaConf.is_dict(s.get("source_patch")) for p in s.source_patch.values()]
