@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.data.text import lm_cache, silver_ner
 from symfusion.pipeline.report.registry import experiments
+from symfusion.pipeline.stages.evaluate import MERGE_FIELDS, model_origin
 from hostile import outcome
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "symfusion"
@@ -224,3 +225,13 @@ def test_a_damaged_dataset_archive_is_refused_in_one_line(damage, tmp_path):
     DAMAGED_ARCHIVES[damage](root)
     code, text = outcome(lambda: load_fashion_mnist_arrays(str(root)))
     assert code == "error" and len(text.strip().splitlines()) == 1 and "reinstall" in text, text[-1200:]
+
+
+@pytest.mark.parametrize("damage", [{}, {"method": "simple"}, {"method": "simple", "matching": "none", "seconds": 1}])
+def test_a_damaged_merge_report_is_one_line(tmp_path, damage):
+    """A merged folder's merge.json without the fields an evaluation reads: one line naming them, not a KeyError."""
+    (tmp_path / "merge.json").write_text(json.dumps(damage))
+    with pytest.raises(SymfusionError) as error:
+        model_origin(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and all(k in message for k in MERGE_FIELDS if k not in damage), message

@@ -22,8 +22,16 @@ EVAL_MARKER = file_marker(("method", "metrics", "results"))
 def model_origin(model_dir: Path) -> dict:
     """How a model folder was made: end model, or merged with which method and matching."""
     if os.path.lexists(Path(model_dir) / "merge.json"):             # inside the folder, a regular file, bounded
-        return merge_origin(read_json(model_dir, "merge.json", "merge report"))
+        merge = read_json(model_dir, "merge.json", "merge report")
+        missing = [key for key in MERGE_FIELDS if key not in merge]
+        if missing:
+            raise SymfusionError(f"{Path(model_dir) / 'merge.json'} lacks {', '.join(missing)}: it is no merge report "
+                                 "of symfusion-merge; merge the models again")
+        return merge_origin(merge)
     return {"method": "end_model", "matching": "none"}
+
+
+MERGE_FIELDS = ("method", "matching", "seconds", "models")       # what merge_origin reads of a merge report
 
 
 def merge_origin(merge: dict) -> dict:
