@@ -25,7 +25,7 @@ from symfusion.families import check_compatible
 from symfusion.io.checks import tolerance_for
 from symfusion.io.loaded import output_change, tied
 from symfusion.matching import MatchConfig, matching_config
-from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
+from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys, squared
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
 
@@ -144,6 +144,5 @@ def _pairwise(states, keys) -> list[list[float]]:
     table = [[0.0] * k for _ in range(k)]
     for i in range(k):
         for j in range(i + 1, k):
-            table[i][j] = table[j][i] = math.fsum(
-                float((states[i][key].double() - states[j][key].double()).pow(2).sum()) for key in keys) ** 0.5
+            table[i][j] = table[j][i] = squared(states[i], states[j], keys) ** 0.5
     return table

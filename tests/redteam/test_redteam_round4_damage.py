@@ -18,11 +18,16 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from symfusion.errors import SymfusionError
+from symfusion.pipeline.data.offline import load_fashion_mnist_arrays
 from symfusion.pipeline.data.text import lm_cache, silver_ner
+from symfusion.pipeline.data.text.bpe import tokenizer_from_json
+from symfusion.pipeline.report.artefacts import summary_lines
 from symfusion.pipeline.report.registry import experiments
 from symfusion.pipeline.stages.evaluate import MERGE_FIELDS, model_origin
+from symfusion.pipeline.stages.statistics import FORMAT, StatisticFiles
 from hostile import outcome
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "symfusion"
@@ -56,7 +61,6 @@ def test_every_cache_reader_has_a_damage_case():
 # ---------------------------------------------------------------- caches: rebuilt
 
 def good_tokenizer_json() -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
     tokenizer = Tokenizer(models.BPE(vocab={"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}, merges=[("a", "b")]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
     return tokenizer.to_str()
@@ -68,7 +72,6 @@ def damaged_texts(good: str) -> dict[str, bytes]:
 
 
 def test_a_damaged_tokenizer_cache_is_rebuilt(tmp_path):
-    from symfusion.pipeline.data.text.bpe import tokenizer_from_json
     good = good_tokenizer_json()
     for name, damage in damaged_texts(good).items():
         path = tmp_path / f"{name}.json"
@@ -127,7 +130,6 @@ def test_a_damaged_silver_ner_cache_is_tagged_again(tmp_path):
 # ---------------------------------------------------------------- results and datasets: refused in one line
 
 def statistics_file(path: Path, metadata: dict) -> Path:
-    from symfusion.pipeline.stages.statistics import FORMAT
     save_file({"fisher/w": torch.ones(2)}, str(path), metadata={"format": FORMAT, **metadata})
     return path
 
@@ -148,7 +150,6 @@ DAMAGED_METADATA = {
 
 @pytest.mark.parametrize("damage", DAMAGED_METADATA)
 def test_a_statistics_file_with_damaged_metadata_is_refused_in_one_line(damage, tmp_path):
-    from symfusion.pipeline.stages.statistics import StatisticFiles
     path = statistics_file(tmp_path / "s.safetensors", DAMAGED_METADATA[damage])
     with pytest.raises(SymfusionError, match="its metadata is damaged") as refused:
         StatisticFiles([str(path)])
@@ -156,7 +157,6 @@ def test_a_statistics_file_with_damaged_metadata_is_refused_in_one_line(damage, 
 
 
 def test_whole_statistics_metadata_is_read(tmp_path):
-    from symfusion.pipeline.stages.statistics import StatisticFiles
     path = statistics_file(tmp_path / "s.safetensors", {"statistics": json.dumps({"fisher": "id"}),
                                                         "seconds": json.dumps({"fisher": 1.5})})
     found = StatisticFiles([str(path)]).lookup("id")
@@ -171,7 +171,6 @@ DAMAGED_CSV = {"empty": b"", "binary": bytes(range(256)), "a NUL": b"a,b\n1,\x00
 @pytest.mark.parametrize("entry", list(experiments().values()), ids=lambda e: e.name)
 def test_every_summary_reads_a_damaged_csv_in_one_line_or_not_at_all(entry, tmp_path):
     """report.md's summary lines of each artefact from a damaged CSV: lines or one SymfusionError, no traceback."""
-    from symfusion.pipeline.report.artefacts import summary_lines
     results, figures = tmp_path / "results", tmp_path / "figures"
     folder = results if entry.kind == "table" else figures
     folder.mkdir(parents=True)
@@ -219,7 +218,6 @@ DAMAGED_ARCHIVES = {
 
 @pytest.mark.parametrize("damage", DAMAGED_ARCHIVES)
 def test_a_damaged_dataset_archive_is_refused_in_one_line(damage, tmp_path):
-    from symfusion.pipeline.data.offline import load_fashion_mnist_arrays
     root = fashion_folder(tmp_path / "fashion", idx_bytes((4, 28, 28)), idx_bytes((4,)))
     assert load_fashion_mnist_arrays(str(root))["train"][0].shape == (4, 1, 28, 28)      # whole: read
     DAMAGED_ARCHIVES[damage](root)

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers as tf
 
 from symfusion.errors import SymfusionError
-from symfusion.io import outputs, regular
+from symfusion.io import modelio, outputs, regular
 from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.pipeline import cli
 from symfusion.pipeline.basemodels import resolve_base
@@ -322,7 +321,6 @@ def _hostile_copy(bases: Path, tmp_path: Path, kind: str, mutation) -> tuple[Pat
 def _refused_reading_nothing_outside(world, base, outside, call, what):
     out = world / "out"
     before = snapshot(world, out)
-    from symfusion.io import modelio
     modelio._tokenizer.cache_clear()                    # a fresh read of this folder's tokenizer
     with no_wait(20, world), watching() as opened:
         code, text = outcome(lambda: call(base, out))
@@ -345,7 +343,6 @@ def test_every_hostile_folder_is_refused_as_a_base(bases, tmp_path, reader, kind
         pytest.skip("an index mutation of a single-file folder")
     world, base, outside = _hostile_copy(bases, tmp_path, family, mutation)
     if getattr(mutation, "readers", None) is not None:     # refused only by writers that keep the shard names
-        from symfusion.io import modelio
         modelio._tokenizer.cache_clear()
         assert outcome(lambda: call(base, world / "out"))[0] == "ok"
         return
@@ -357,7 +354,6 @@ def test_a_tokenizer_reaches_nothing_outside_its_folder(bases, tmp_path, mutatio
     """Changes a correct fine-tune accepts: it trains, and nothing from outside the folder is read by Python nor
     found in the output (the secret word would be in the saved vocabulary)."""
     world, base, outside = _hostile_copy(bases, tmp_path, "bert", mutation)
-    from symfusion.io import modelio
     modelio._tokenizer.cache_clear()
     with watching() as opened:
         fine_tune(base, world / "out")
@@ -375,7 +371,6 @@ OPENED_NAMES = {"config.json", "tokenizer_config.json", "special_tokens_map.json
 def test_the_files_transformers_opens_from_a_base_are_enumerated(bases, tmp_path):
     """Every file Python opens in a good base folder during a fine-tune is one of OPENED_NAMES, each of which
     a case above makes hostile (the enumeration of 'every place transformers opens a file on our behalf')."""
-    from symfusion.io import modelio
     modelio._tokenizer.cache_clear()
     with watching() as opened:
         fine_tune(bases / "bert", tmp_path / "out")

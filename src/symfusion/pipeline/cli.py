@@ -316,11 +316,12 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
         progress_wanted()                # SYMFUSION_PROGRESS is on, off or auto
         cfg = compose_config(config_name, argv, texts_of(CHECKS[config_name]))
         check_values(cfg, CHECKS[config_name])
-        command_line_first(cfg, given_options(argv))
+        given = given_options(argv)      # the options the command line sets
+        command_line_first(cfg, given)
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
             matching = _matching(cfg)
             if config_name == "match":
-                check_data_options(cfg, matching, given_options(argv))
+                check_data_options(cfg, matching, given)
     except SymfusionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

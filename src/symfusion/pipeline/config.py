@@ -269,14 +269,15 @@ def command_line_first(cfg: DictConfig, given: set[str]) -> None:
     profile = cfg.get("profile")
     if not OmegaConf.is_dict(profile):
         return
-    for group in ("task", "model"):
-        names = sorted(k[len(group) + 1:] for k in given if k.startswith(group + "."))
+    named = {group: sorted(k[len(group) + 1:] for k in given if k.startswith(group + "."))
+             for group in ("task", "model")}
+    for group, names in named.items():
         if names and profile.get("sources"):
             decided = profile_sources(profile).get(group + "s", {}).get(OmegaConf.select(cfg, group + ".name")) or {}
             for key in (k for k in names if OmegaConf.select(OmegaConf.create(decided), k) is not None):
                 raise SymfusionError(f"{group}.{key} is set by profile {profile.get('name')}'s sources "
                                      f"({profile.sources}); drop it, or run under another profile")
-    keys = sorted(k[len("task."):] for k in given if k.startswith("task."))
+    keys = named["task"]
     if not keys:
         return
     sections = [v for v in profile.values() if OmegaConf.is_dict(v)]

@@ -114,6 +114,7 @@ def build_report(inputs: list[str], output: Path, experiments: list[Experiment],
     results = output.parent
     profile = results.name
     figures_abs = figures_folder(inputs, profile)
+    shown = given(inputs)                      # the artefacts report.md may show
     figures = Path(os.path.relpath(figures_abs, results))
     here = provenance()
     git = here["git"]
@@ -125,10 +126,10 @@ def build_report(inputs: list[str], output: Path, experiments: list[Experiment],
             "Paper: Zhang et al., "
             "ICML 2025, arXiv 2502.00264; its numbers come from conf/paper/*.csv.\n",
             "## Summary\n", *[f"- {line}" for line in lines], "",
-            *[table_section(results, e, given(inputs)) for e in experiments if e.kind == "table"],
+            *[table_section(results, e, shown) for e in experiments if e.kind == "table"],
             "## Figures\n"]
     for e in experiments:
-        if e.kind == "figure" and os.path.realpath(figures_abs / f"{e.name}.png") in given(inputs):
+        if e.kind == "figure" and os.path.realpath(figures_abs / f"{e.name}.png") in shown:
             text.append(f"![{e.title}]({figures / f'{e.name}.png'})\n\n*{e.title}* Numbers: `{figures / f'{e.name}.csv'}`.\n")
     text += ["## Known anomalies of the paper\n", *[f"- {n}" for n in paper_anomalies()], "",
              "## What differs from the paper, and why\n", *[f"- {d}" for d in DIFFERENCES.get(profile, [])], "",
