@@ -176,7 +176,7 @@ def test_the_wheel_ships_the_presets_and_not_the_pipeline_conf():
     assert links == [] and not (PACKAGE / "conf").exists()
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["symfusion"]
     files = [p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "presets").rglob("*") if p.is_file()
-             and p.suffix != ".pyc" and p.name != "__init__.py"]
+             and p.suffix not in (".pyc", ".py")]      # modules ship as the package's
     unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, pattern) for pattern in patterns)]
     assert files and unshipped == []
     assert not any(pattern.startswith("conf") for pattern in patterns)

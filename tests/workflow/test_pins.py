@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from symfusion.pipeline.config import load_group
 from symfusion.pipeline.basemodels import HUB_PATTERNS, hub_folder, resolve_base, resolve_base_model
 from symfusion.pipeline.data import load_image_splits
 from symfusion.pipeline.data.text import load_text_splits
@@ -22,9 +23,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _task(name: str):
-    config = OmegaConf.load(CONF / "task" / f"{name}.yaml")
-    bases = [d for d in config.pop("defaults", []) if d != "_self_"]
-    return OmegaConf.merge(*(_task(base) for base in bases), config) if bases else config
+    """conf/task/<name>.yaml with its bases merged in (the library's one rule, through load_group)."""
+    return load_group("task", name)
 
 
 def hub_specs() -> dict[str, tuple[str, object]]:

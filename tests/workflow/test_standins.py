@@ -13,6 +13,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
+from symfusion.pipeline.config import load_group
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.data import load_image_splits
 from symfusion.pipeline.data.text import NER_TAGS, load_text_splits
@@ -42,10 +43,8 @@ def manifest(standins):
 
 
 def _task(name: str):
-    config = OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml")
-    bases = [d for d in config.pop("defaults", []) if d != "_self_"]
-    base = OmegaConf.merge(*(_task(b) for b in bases)) if bases else OmegaConf.create()
-    return OmegaConf.merge(base, config)
+    """conf/task/<name>.yaml with its bases merged in (the library's one rule, through load_group)."""
+    return load_group("task", name)
 
 
 # ---------------------------------------------------------------------------------------------- the folder

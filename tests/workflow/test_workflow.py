@@ -137,8 +137,8 @@ def test_the_workflow_names_the_worker_socket_variable_the_worker_reads():
 
 @pytest.mark.slow
 def test_a_match_job_gets_data_exactly_when_its_matching_reads_data():
-    """The workflow reads the matching presets itself (it runs where symfusion may not be installed): its choice
-    of which match jobs get a data_task must be MatchConfig.needs_data's."""
+    """The workflow asks the library's catalogue (presets/catalog.py, loaded by its path: it runs where symfusion may
+    not be installed) which match jobs get a data_task: its choice must be MatchConfig.needs_data's."""
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--config", "profile=mini",
                              "results_dir=/nonexistent/results", "figures_dir=/nonexistent/figures"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)

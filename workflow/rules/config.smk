@@ -35,8 +35,9 @@ def read_yaml(path, what):
 
 
 def plain_module(path):
-    """A module of the package that imports only the standard library (src/symfusion/pipeline/tracks.py), loaded by
-    its path: the workflow reads it without the package being installed where Snakemake runs."""
+    """A module of the package that imports only the standard library and PyYAML (src/symfusion/pipeline/tracks.py,
+    src/symfusion/presets/catalog.py), loaded by its path: the workflow reads it without the package being installed
+    where Snakemake runs."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     loaded = importlib.util.module_from_spec(spec)

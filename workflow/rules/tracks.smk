@@ -29,7 +29,10 @@ wildcard_constraints:
 
 
 # The matching and fusion groups are the library's presets (package data of symfusion); the others the pipeline's conf/.
-PRESETS_DIR = "src/symfusion/presets"
+# What a preset's name means (its `defaults:` bases merged, whether a matching reads data) the library's catalogue
+# answers: src/symfusion/presets/catalog.py, plain Python loaded by its path like tracks.py.
+PRESETS = plain_module("src/symfusion/presets/catalog.py")
+PRESETS_DIR = os.path.relpath(PRESETS.PRESETS_DIR)
 
 
 def conf_dir(group):
@@ -103,20 +106,9 @@ def merge_options(track, group, anchor):
     return "null" if options is None else hydra_value(options)
 
 
-def matching_conf(name):
-    """The matching preset <name>.yaml with its `defaults` bases merged in (as symfusion.presets.load_preset reads it)."""
-    with open(conf_file("matching", name)) as handle:
-        conf = yaml.safe_load(handle) or {}
-    merged = {}
-    for base in [d for d in conf.pop("defaults", []) if d != "_self_"]:
-        merged.update(matching_conf(base))
-    return {**merged, **conf}
-
-
 def match_data_task(wildcards):
-    """A matching that reads the models' activations or loss (MatchConfig.needs_data: residual_solve: activations,
-    or refine: loss; tests/workflow/test_workflow.py ties the two) reads the source end model's own task; others none."""
-    conf = matching_conf(wildcards.matching)
-    if conf.get("residual_solve") == "activations" or conf.get("refine") == "loss":
+    """A matching that reads the models' activations or loss (the library's answer: catalog.matching_reads_data, which
+    MatchConfig.needs_data asks too) reads the source end model's own task; others none."""
+    if PRESETS.matching_reads_data(wildcards.matching):
         return task_of(wildcards.track, wildcards.group, wildcards.source)
     return "null"

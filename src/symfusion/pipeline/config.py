@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from symfusion.errors import SymfusionError
-from symfusion.presets import GROUPS as PRESET_GROUPS, PRESETS_DIR, load_preset, preset_names, preset_path
+from symfusion.presets import GROUPS as PRESET_GROUPS, catalog, load_preset, preset_names, preset_path
 
 # The pipeline's conf/ (profiles, tasks, models, the stages' configs, experiments.yaml, the paper's CSVs): in the
 # checkout beside src/, never in the wheel. The matching and fusion groups and symfusion-match's own config are the
@@ -27,22 +27,19 @@ def group_path(group: str, name: str) -> Path:
     the group's options."""
     if group in PRESET_GROUPS:
         return preset_path(group, name)
-    path = CONF_DIR / group / f"{name}.yaml"
     if not CONF_DIR.is_dir():
         raise SymfusionError(f"{group} {name!r} is a setting of the pipeline: its conf/{group}/ lies in a checkout of "
                              "symfusion, not installed with the package")
-    if not isinstance(name, str) or "/" in name or not path.is_file():
-        raise SymfusionError(f"unknown {group} {name!r}; choose one of {', '.join(group_names(group))}")
-    return path
+    return catalog.path(CONF_DIR / group, name, group, SymfusionError)
 
 
 def load_group(group: str, name: str) -> DictConfig:
-    """<group>/<name>.yaml with its `defaults` bases of the same group merged in."""
+    """<group>/<name>.yaml with its `defaults` bases of the same group merged in (the library's one rule:
+    presets/catalog.py)."""
     if group in PRESET_GROUPS:
         return load_preset(group, name)
-    config = OmegaConf.load(group_path(group, name))
-    bases = [d for d in config.pop("defaults", []) if d != "_self_"]
-    return OmegaConf.merge(*(load_group(group, base) for base in bases), config) if bases else config
+    return catalog.composed(group_path(group, name).parent, name, group, OmegaConf.load, OmegaConf.merge,
+                            SymfusionError)
 
 
 def profile_sources(profile) -> dict:
@@ -64,7 +61,7 @@ def group_names(group: str) -> list[str]:
     """The option names of a config group (the yaml files of presets/<group>/ or conf/<group>/)."""
     if group in PRESET_GROUPS:
         return preset_names(group)
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return catalog.names(CONF_DIR / group)
 
 
 # ---------------------------------------------------------------- the command line: composing and checking
@@ -131,12 +128,12 @@ def text_override(override: str, texts: frozenset[str]) -> str:
 def search_folders(config_name: str) -> tuple[Path, list[Path]]:
     """(the folder holding <config_name>.yaml: the library's presets or the pipeline's conf/, the other folders
     Hydra searches for its groups); a one-line error for a pipeline command run where conf/ is not (a wheel)."""
-    if (PRESETS_DIR / f"{config_name}.yaml").is_file():
-        return PRESETS_DIR, [CONF_DIR] if CONF_DIR.is_dir() else []
+    if (catalog.PRESETS_DIR / f"{config_name}.yaml").is_file():
+        return catalog.PRESETS_DIR, [CONF_DIR] if CONF_DIR.is_dir() else []
     if not (CONF_DIR / f"{config_name}.yaml").is_file():
         raise SymfusionError(f"symfusion-{config_name} is a command of the pipeline: run it in a checkout of symfusion "
                              f"(its configuration, conf/{config_name}.yaml, is not installed with the package)")
-    return CONF_DIR, [PRESETS_DIR]
+    return CONF_DIR, [catalog.PRESETS_DIR]
 
 
 def compose_config(config_name: str, overrides: list[str], texts: frozenset[str] = frozenset()) -> DictConfig:
