@@ -186,11 +186,13 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name
     if config.residual != "none" and (layers is not None or last_layers is not None):
         raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: "
                              "it matches the whole model (drop layers= / last_layers=)")
+    if config.untie and in_memory is False:
+        raise SymfusionError("matching.untie=true builds the untied models in memory: leave in_memory unset (or True)")
     start, noted = time.perf_counter(), len(NOTES)
     # a new folder, or a previous matched folder; never an input
     with safe_output(output, WRITER, MATCHED_FOLDER, inputs=[source, anchor], is_dir=True) as claim:
         with claim.writing() as tmp:
-            if config.runs_models or (config.residual != "none" and (
+            if config.runs_models or config.untie or (config.residual != "none" and (
                     in_memory or (in_memory is None and _fits_in_memory(source, anchor)))):
                 transform, fields = match_folders_in_memory(source, anchor, output, config, layers, last_layers,
                                                             tolerance, data, tmp=tmp)

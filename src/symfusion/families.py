@@ -368,7 +368,8 @@ FUNCTION_FIELDS: dict[str, FieldRule] = {
     "pad_token_id": _rule("refuse", "where RoBERTa's positions start and which token ends a sequence for a "
                                     "decoder's classification head"),
     "tie_word_embeddings": _rule("proceed", "each matched model keeps its own tie of lm_head to the embeddings; a "
-                                            "merge has one model's tie, so it is refused", merge="refuse"),
+                                            "merge unties the tied ones (lm_head a copy of the embeddings, the same "
+                                            "function; io/untie.py) and is untied"),
 }
 NEUTRAL_FIELDS = frozenset({
     "_name_or_path", "architectures", "transformers_version", "dtype", "output_attentions", "output_hidden_states",

@@ -270,8 +270,12 @@ def apply_blocks(canonical: Mapping[str, torch.Tensor], layout: ModelLayout,
 
 def move_residual(canonical: dict, state: Mapping[str, torch.Tensor], layout: ModelLayout,
                   residual: ResidualMap) -> dict[str, torch.Tensor]:
-    """The residual map applied to a whole model's canonical state (`state`: the same model as stored)."""
+    """The residual map applied to a whole model's canonical state (`state`: the same model as stored). A map that
+    folds the final norm of a state read as tied (its lm_head equal to its embeddings) was found for the untied form
+    (matching.untie, io/untie.py): the state is read as untied."""
     stream = stream_layout(layout, state)
+    if stream.tied_final and not set(residual.gains) <= {f.gain for f in stream.folds}:
+        stream = stream_layout(layout, state, tied=False)
     if residual.r.shape != (stream.hidden, stream.hidden):
         raise SymfusionError(f"the residual map is {tuple(residual.r.shape)}, the model's stream has {stream.hidden} dims")
     folds = tuple(f for f in stream.folds if f.gain in residual.gains)

@@ -22,6 +22,7 @@ from symfusion.io.checks import check_outputs_finite, tolerance_for
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
 from symfusion.io.batches import check_batches
 from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.io.untie import untie_pair
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.measures import distance_fields, model_outputs, parameter_distance, probe_inputs
 from symfusion.symmetry import apply_transform
@@ -72,7 +73,10 @@ def _match(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig
 
 def match_modules(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig, layers, last_layers,
                   tolerance: float, data=None) -> tuple[torch.nn.Module, object, dict]:
-    """(the matched copy of `source`, the transform, report fields); the source is left as it is."""
+    """(the matched copy of `source`, the transform, report fields); the source is left as it is (matching.untie:
+    the matched copy is untied, io/untie.py)."""
+    if config.untie:
+        source, anchor = untie_pair(source, anchor)
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
     layout, result, moved, seconds = _match(source, anchor, config, layers, last_layers, data)
     matched = copy.deepcopy(source)
@@ -107,6 +111,8 @@ def match_folders_in_memory(source: Path, anchor: Path, output, config: MatchCon
     check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
     model, anchor_model = load_model(source), load_model(anchor)         # each checked finite
     check_same_body(model, anchor_model, source, anchor)
+    if config.untie:                  # written untied: save_pretrained (the source's files have no lm_head to fill)
+        model, anchor_model = untie_pair(model, anchor_model)
     layout, result, moved, seconds = _match(model, anchor_model, config, layers, last_layers, data)
     file_state, dtypes = plan_like(model, model.state_dict(), moved, source)
     stored = as_stored(moved, dtypes)

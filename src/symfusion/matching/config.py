@@ -59,7 +59,8 @@ class MatchConfig:
     inputs it makes instead of data (matching/synthetic.py: noise images, text the end models write), as the
     refine_* settings say (learned.RefineSettings, which checks their ranges); refine_lr, refine_alphas,
     refine_minimax, refine_group, refine_distill and refine_gains_lr None = the family's (families.py, `refine`;
-    else RefineSettings' defaults).
+    else RefineSettings' defaults). untie: a decoder whose lm_head is tied to its input embeddings is matched, and
+    written, as the standard untied model of its class (io/untie.py), so the residual map may be any orthogonal map.
     This declaration is the one place that says what each setting may be: the presets, align() and every
     command's matching.* overrides are checked here.
     """
@@ -81,6 +82,7 @@ class MatchConfig:
     refine_gauge: bool = True
     refine_distill: float | None = None
     refine_gains_lr: float | None = None
+    untie: bool = False
 
     def __post_init__(self):
         _choice("attention", self.attention, ATTENTION_CHOICES)
@@ -113,6 +115,7 @@ class MatchConfig:
             _number("refine_distill", self.refine_distill)
         if self.refine_gains_lr is not None:
             _number("refine_gains_lr", self.refine_gains_lr)
+        _flag("untie", self.untie)
         if self.rescale and self.attention != "rotation":
             raise SymfusionError("rescaling is defined after rotation matching; set matching.attention=rotation")
         if self.joint and not (self.attention == "rotation" and self.rescale):
@@ -122,6 +125,9 @@ class MatchConfig:
         if (self.residual_solve != "weights" or self.refine != "none") and self.residual == "none":
             raise SymfusionError("matching.residual_solve and matching.refine act on the residual map: set "
                                  "matching.residual=permutation, orthogonal or auto")
+        if self.untie and self.residual == "none":
+            raise SymfusionError("matching.untie=true frees the residual map of a tied decoder, and this matching has "
+                                 "none: set matching.residual=orthogonal or auto, or leave the model tied (untie=false)")
         self.refine_settings()                                 # checks the refine_* settings
 
     def as_report(self) -> dict:
@@ -167,7 +173,7 @@ class MatchConfig:
 
     def blocks(self) -> "MatchConfig":
         """The same matching without the residual stream (the block solves of the coordinate descent)."""
-        return dataclasses.replace(self, residual="none", residual_solve="weights", refine="none")
+        return dataclasses.replace(self, residual="none", residual_solve="weights", refine="none", untie=False)
 
     def permutes_heads(self, layout: ModelLayout) -> bool:
         """Whether whole heads are matched for this layout (config.heads, else the family's default)."""

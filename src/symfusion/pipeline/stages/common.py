@@ -11,6 +11,7 @@ from symfusion.errors import SymfusionError
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.io.folder import read_json
 from symfusion.io.modelio import load_config, load_model
+from symfusion.io.untie import is_tied, untied
 
 
 def require_folder(value, name: str) -> Path:
@@ -52,6 +53,8 @@ def load_models(paths: list[str], same_shapes: bool = True, use: str = "merge") 
 
     same_shapes=False allows different task heads (models of different tasks whose bodies are fused); use: what
     the models are loaded for, "match" or "merge" (families.FUNCTION_FIELDS: which config differences may pass).
+    For a merge (or a path) of tied and untied decoders, the tied ones are untied (io/untie.py: the same function),
+    so the merge is the standard untied model.
     """
     if not paths or len(paths) < 2:
         raise SymfusionError("models=[ANCHOR,SOURCE,...] needs at least two model folders")
@@ -63,6 +66,8 @@ def load_models(paths: list[str], same_shapes: bool = True, use: str = "merge") 
     for path, config in zip(dirs[1:], configs[1:]):
         check_compatible(config, configs[0], str(path), str(dirs[0]), use=use)
     models = [load_model(p) for p in dirs]                # each checked finite by load_model
+    if use == "merge" and len({is_tied(m) for m in models}) > 1:
+        models = [untied(m) for m in models]
     if same_shapes:
         check_same_shapes(models, dirs)
     return models
