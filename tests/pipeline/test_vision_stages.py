@@ -74,8 +74,8 @@ def test_pipeline_stages_write_their_files(end_models, tmp_path):
         assert point["loss"] == pytest.approx(math.fsum(point["per_example"]["loss"]) / 100, rel=1e-12)
         assert point["accuracy"] == sum(point["per_example"]["correct"]) / 100
     assert barrier["barrier"] == max(losses) - min(losses)                    # the paper's range along the path
-    assert barrier["barrier_linear"] == pytest.approx(max(l - (a * losses[-1] + (1 - a) * losses[0])
-                                                          for a, l in zip((0.0, 0.5, 1.0), losses)), abs=1e-12)
+    assert barrier["barrier_linear"] == pytest.approx(max(y - (a * losses[-1] + (1 - a) * losses[0])
+                                                          for a, y in zip((0.0, 0.5, 1.0), losses)), abs=1e-12)
 
 
 def predictions_correct(model_dir) -> list[int]:

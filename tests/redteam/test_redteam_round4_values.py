@@ -25,7 +25,7 @@ from symfusion.errors import SymfusionError
 from symfusion.pipeline import cli
 from symfusion.pipeline.config import (_PARSER, check_values, command_line_first, compose_config, given_options, group_names,
                                        load_group, text_override, texts_of)
-from symfusion.pipeline.tasks import KIND_CLASSES, TASK_KINDS, sized_task
+from symfusion.pipeline.tasks import TASK_KINDS, sized_task
 from hostile import assert_refused, outcome, snapshot
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "symfusion"
@@ -310,7 +310,6 @@ def test_a_huge_class_id_is_read_as_the_class_it_names():
 
 def test_a_table_with_a_fractional_prediction_is_refused_in_one_line(tmp_path):
     from test_language_report import eval_file
-    from symfusion.pipeline.report.artefacts import run_report
     c = "text_classification"
     paths = [eval_file(tmp_path, "eval/b-onto-a/none/simple.json", "simple", "none", [("a", c, 0.4)]),
              eval_file(tmp_path, "eval/b-onto-a/attn_only_no_rescale/simple.json", "simple", "attn_only_no_rescale",

@@ -10,8 +10,6 @@ deep in torch (or, for an id out of range on some devices, a silent read of anot
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from symfusion.errors import SymfusionError

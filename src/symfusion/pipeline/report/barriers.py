@@ -34,7 +34,7 @@ def path_losses(data: dict) -> tuple[np.ndarray, np.ndarray | None]:
     """((alphas, examples) per-example losses along a barrier path, their (alphas, examples) token counts or None)."""
     losses = [point["per_example"]["loss"] for point in data["path"]]
     tokens = [point["per_example"].get("tokens") for point in data["path"]]
-    if len({len(row) for row in losses}) != 1 or any(t is not None and len(t) != len(l) for t, l in zip(tokens, losses)):
+    if len({len(row) for row in losses}) != 1 or any(t is not None and len(t) != len(row) for t, row in zip(tokens, losses)):
         raise SymfusionError(f"the {data['matching']} path scored different examples at different points; "
                              "pass the barrier stage's own output")
     if all(t is None for t in tokens):
