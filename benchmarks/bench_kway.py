@@ -10,8 +10,9 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
                  permutation of the residual stream, the same alternation (MergeMany-like)
     universe     the universe over the whole group, data-free (align_many, matching="full_symmetry")
 beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
-per round and seconds, against k pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two
-models) the universe against the pairwise solve: distance and the Simple (midpoint) merge.
+per round (in the folded gauge the whole-group solver measures), why it stopped, and its CPU seconds against k
+pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
+pairwise solve: the folded distance and the Simple (midpoint) merge.
     python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4]
 """
 from __future__ import annotations
@@ -31,7 +32,6 @@ from symfusion.arch import layout_of
 from symfusion.io.loaded import tied
 from symfusion.io.modelio import load_model
 from symfusion.matching import MatchConfig, match_models, matching_config
-from symfusion.measures import parameter_distance
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.tasks import make_task
 from symfusion.symmetry import apply_transform
@@ -100,25 +100,32 @@ def main() -> None:
     work = load_model(str(args.models / args.names[0])).eval()
     k, full = len(models), matching_config("full_symmetry")
 
-    pairwise_seconds, pairwise_cpu, anchor = [], [], [states[0]]
+    pairwise_seconds, pairwise_cpu, anchor, pairwise_folded = [], [], [states[0]], []
     for i in range(1, k):
         start, cpu = time.perf_counter(), time.process_time()
-        transform = match_models(states[i], states[0], layout, full, tied=tied(models[0])).transform
+        result = match_models(states[i], states[0], layout, full, tied=tied(models[0]))
         pairwise_seconds.append(time.perf_counter() - start)
         pairwise_cpu.append(time.process_time() - cpu)
-        anchor.append(apply_transform(states[i], layout, transform))
+        anchor.append(apply_transform(states[i], layout, result.transform))
+        pairwise_folded.append(result.residual["folded_distance"])
     ways, cpu_of = {"naive": (states, None), "anchor": (anchor, None)}, {}
     for name, config in (("perm", PERMUTATIONS), ("universe", "full_symmetry")):
         cpu = time.process_time()
         aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
         cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
-    one = sum(pairwise_cpu) / len(pairwise_cpu)
+    one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
+    per_round = ", ".join(f"{r['cpu_seconds']:.1f}" for r in universe["rounds"])
     print(f"{cpu_name()}, 1 thread: one pairwise full_symmetry solve {one:.2f} CPU s (mean of {len(pairwise_cpu)}; "
-          f"wall {sum(pairwise_seconds) / len(pairwise_seconds):.2f} s); k of them {k * one:.1f} CPU s; the universe "
-          f"{cpu_of['universe']:.1f} CPU s = {cpu_of['universe'] / (k * one):.2f}x ({len(ways['universe'][1]['rounds'])} "
-          f"rounds; wall {ways['universe'][1]['seconds']:.1f} s); the permutation universe {cpu_of['perm']:.1f} CPU s",
+          f"wall {sum(pairwise_seconds) / len(pairwise_seconds):.2f} s); k of them {k * one:.1f} CPU s; the universe's "
+          f"solve {universe['cpu_seconds']:.1f} CPU s = {universe['cpu_seconds'] / (k * one):.2f}x (start "
+          f"{universe['start_cpu_seconds']:.1f}, then {len(universe['rounds'])} rounds: "
+          f"{per_round}; stop: {universe['stop']}; with the "
+          f"functional checks {cpu_of['universe']:.1f} CPU s); the permutation universe {cpu_of['perm']:.1f} CPU s",
           flush=True)
+    for name in ("universe", "perm"):
+        print(f"{name}: J ({ways[name][1]['gauge']}) after the start and each round: "
+              f"{', '.join(f'{j:.3f}' for j in ways[name][1]['objective'])}; stop: {ways[name][1]['stop']}", flush=True)
     if args.timing_only:
         return
 
@@ -131,7 +138,8 @@ def main() -> None:
         rows[name] = {"centroid": centroid, "barrier": barrier(work, aligned, ends_subset, task, grid, args.examples),
                       "objective": None if report is None else report["objective"],
                       "converged": None if report is None else report["converged"],
-                      "seconds": None if report is None else report["seconds"],
+                      "seconds": None if report is None else report["cpu_seconds"],
+                      "stop": None if report is None else report["stop"],
                       "checks": None if report is None else [c["relative_output_change_float64"] for c in report["checks"]]}
         print(name, json.dumps(rows[name]), flush=True)
     best = max(ends_full, key=lambda r: r["accuracy"])
@@ -142,42 +150,40 @@ def main() -> None:
     two, two_report = symfusion.align_many(models[:2], max_rounds=args.max_rounds)
     two_states = [m.state_dict() for m in two]
     work2 = load_model(str(args.models / args.names[0])).eval()
-    pair_moved = load_model(str(args.models / args.names[1])).eval()
-    pair_moved.load_state_dict(pair_state)
-    k2 = {"pairwise": {"distance": parameter_distance(pair_moved, models[0], layout)["total"],
+    k2 = {"pairwise": {"distance": pairwise_folded[0],
                        "simple": evaluate(work2, mixture([states[0], pair_state], [0.5, 0.5]), task)},
-          "universe": {"distance": parameter_distance(two[1], two[0], layout)["total"],
+          "universe": {"distance": two_report["pairwise_distance_after"][0][1],
                        "simple": evaluate(work2, mixture(two_states, [0.5, 0.5]), task),
-                       "objective": two_report["objective"], "seconds": two_report["seconds"]}}
+                       "objective": two_report["objective"], "seconds": two_report["cpu_seconds"]}}
 
     print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} simplex points "
           f"(step 1/{args.grid} and the centroid) on {args.examples} test images; the centroid on all 10,000\n")
     print("| models into one basis | centroid accuracy % | centroid loss | simplex barrier | objective J (start -> end) | "
-          "rounds | solve s |")
+          "rounds | solve CPU s |")
     print("|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         objective = "" if row["objective"] is None else f"{row['objective'][0]:.1f} -> {row['objective'][-1]:.1f}"
-        rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1}{'' if row['converged'] else ' (cap)'}"
-        seconds = f"{sum(pairwise_seconds):.1f} ({k - 1} pairwise)" if name == "anchor" else \
+        rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1} ({row['stop']})"
+        seconds = f"{sum(pairwise_cpu):.1f} ({k - 1} pairwise)" if name == "anchor" else \
             ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
         print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")
     print(f"| best end model | {100 * best['accuracy']:.2f} | {best['loss']:.4f} | | | | |")
     print(f"| logit ensemble | {100 * logit['accuracy']:.2f} | {logit['loss']:.4f} | | | | |")
-    one = sum(pairwise_seconds) / len(pairwise_seconds)
-    print(f"\none pairwise full_symmetry solve: {one:.2f} s (mean of {len(pairwise_seconds)}); k of them: {k * one:.1f} s; "
-          f"the universe's solve: {rows['universe']['seconds']:.1f} s = {rows['universe']['seconds'] / (k * one):.2f}x")
+    print(f"\none pairwise full_symmetry solve: {one:.2f} CPU s (mean of {len(pairwise_cpu)}); k of them: {k * one:.1f} s; "
+          f"the universe's solve: {rows['universe']['seconds']:.1f} CPU s = {rows['universe']['seconds'] / (k * one):.2f}x")
     print(f"the universe's J per round: {', '.join(f'{j:.2f}' for j in rows['universe']['objective'])}")
     print(f"the permutation universe's J per round: {', '.join(f'{j:.2f}' for j in rows['perm']['objective'])}")
-    print(f"\nk = 2 ({args.names[1]} and {args.names[0]}): pairwise full_symmetry distance {k2['pairwise']['distance']:.4f}, "
+    print(f"\nk = 2 ({args.names[1]} and {args.names[0]}), folded distances: pairwise full_symmetry {k2['pairwise']['distance']:.4f}, "
           f"Simple {100 * k2['pairwise']['simple']['accuracy']:.2f}% (loss {k2['pairwise']['simple']['loss']:.4f}); "
           f"universe distance {k2['universe']['distance']:.4f}, Simple {100 * k2['universe']['simple']['accuracy']:.2f}% "
           f"(loss {k2['universe']['simple']['loss']:.4f}); its J per round "
-          f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} s")
+          f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "best": best, "ensemble": logit, "k2": k2,
-                                        "pairwise_seconds": pairwise_seconds, "ends": ends_full}, indent=1))
+                                        "pairwise_seconds": pairwise_seconds, "pairwise_cpu": pairwise_cpu,
+                                        "ends": ends_full}, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@
 probe inputs: in the source's dtype as align() checks it, and in float64 (the transform applied to a float64 copy).
 Their maps are cycle-consistent by construction: all k move to one basis (matching/universe.py: the alternation of
 pairwise whole-group solves onto the leave-one-out consensus). A merge of the k aligned models is a plain average.
-The report: the matching, the objective J = sum_i |X_i - mean|^2 after the start (every model onto model 0) and after
-each round, whether the alternation reached its fixed point, the pairwise distances before and after, each model's
-functional checks, the seconds, and the k transforms (model i -> the shared basis).
+The report: the matching, the objective J = sum_i |X_i - mean|^2 after the start and after each round (in the gauge
+the pairwise solver measures: folded for the whole group, whose aligned models are stored folded, with unit norm
+gains; as stored for a block-only matching), why the alternation stopped (a fixed point, J settled, or the round cap),
+the pairwise distances before and after in that gauge, each model's functional checks, the seconds, and the k
+transforms (model i -> the shared basis).
 Folders (loaded whole and written as k standard folders) are not taken yet.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from symfusion.families import check_compatible
 from symfusion.io.checks import tolerance_for
 from symfusion.io.loaded import output_change, tied
 from symfusion.matching import MatchConfig, matching_config
-from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys, squared
+from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
 
@@ -76,11 +78,12 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
             m.training = training
     return aligned, {
         "matching": matching if isinstance(matching, str) else None, "matching_config": config.as_report(),
-        "family": layout.family, "models": len(models), "objective": universe.objective, "rounds": universe.rounds,
-        "converged": universe.converged, "max_rounds": max_rounds,
-        "pairwise_distance_before": _pairwise(states, keys),
-        "pairwise_distance_after": _pairwise(universe.aligned, keys),
-        "checks": checks, "seconds": universe.seconds, "transforms": universe.transforms}
+        "family": layout.family, "models": len(models), "gauge": universe.gauge, "objective": universe.objective,
+        "rounds": universe.rounds, "converged": universe.converged, "stop": universe.stop, "max_rounds": max_rounds,
+        "pairwise_distance_before": universe.distances_before, "pairwise_distance_after": universe.distances_after,
+        "checks": checks, "seconds": universe.seconds, "start_cpu_seconds": universe.start_cpu_seconds,
+        "cpu_seconds": universe.cpu_seconds,
+        "transforms": universe.transforms}
 
 
 def _check_arguments(models, matching, output, tolerance, max_rounds, progress) -> MatchConfig:
@@ -136,13 +139,3 @@ def _checked(model: torch.nn.Module, state: dict, transform, layout, tolerance: 
                              f"(> {limit64:g}); report this as a bug")
     return matched, {"relative_output_change": change, "tolerance": limit, "relative_output_change_float64": change64,
                      "tolerance_float64": limit64}
-
-
-def _pairwise(states, keys) -> list[list[float]]:
-    """|X_i - X_j| for every pair (a symmetric k x k table)."""
-    k = len(states)
-    table = [[0.0] * k for _ in range(k)]
-    for i in range(k):
-        for j in range(i + 1, k):
-            table[i][j] = table[j][i] = squared(states[i], states[j], keys) ** 0.5
-    return table

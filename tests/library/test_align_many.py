@@ -9,9 +9,10 @@ import torch
 import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.matching import MatchConfig, matching_config
+from symfusion.io.loaded import tied
+from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.universe import align_states, spread
-from symfusion.measures import distance, parameter_distance
+from symfusion.measures import distance, parameter_distance, tied_names
 from symfusion.stream import stream_layout
 from symfusion.symmetry import apply_transform, random_residual, random_transform
 from test_residual_symmetry import build
@@ -73,17 +74,21 @@ def test_each_aligned_model_computes_its_source_function_and_the_spread_never_ri
 
 
 def test_two_models_are_at_least_as_close_as_the_pairwise_solve():
-    """k = 2: the start is the pairwise full_symmetry solve of model 1 onto model 0, and the rounds only keep a
-    closer element, so the universe's distance is at most the pairwise one."""
+    """k = 2: the start is the pairwise descent of model 1 onto model 0, and the rounds only keep a closer element,
+    so the universe's distance (in the folded gauge the solver measures, where its aligned models are stored) is at
+    most the pairwise solve's."""
     a, b = (build("dec", "gpt2", {}, dtype=torch.float32, seed=s) for s in (1, 2))
-    pairwise, report = symfusion.align(b, a, matching="full_symmetry")
-    aligned, many = symfusion.align_many([a, b], max_rounds=3)
     layout = layout_of(a.config, a.state_dict())
-    d_pair = parameter_distance(pairwise, a, layout)["total"]              # tied tensors once, as align() reports
-    d_many = parameter_distance(aligned[1], aligned[0], layout)["total"]
-    assert d_pair == pytest.approx(report["distance_after"], rel=1e-9)
-    assert many["objective"][0] == pytest.approx(d_pair ** 2 / 2, rel=1e-5)    # the start is the pairwise solve
-    assert d_many <= d_pair * (1 + 1e-6)
+    pairwise = match_models(b.state_dict(), a.state_dict(), layout, "full_symmetry", tied=tied(a)).residual
+    aligned, many = symfusion.align_many([a, b], max_rounds=3)
+    descent = pairwise["starts"][0]["folded_distance"]                      # the pairwise solve's descent
+    assert many["gauge"] == "folded"
+    assert many["objective"][0] == pytest.approx(descent ** 2 / 2, rel=1e-6)   # the start is the pairwise descent
+    d_many = many["pairwise_distance_after"][0][1]
+    assert d_many ** 2 / 2 == pytest.approx(many["objective"][-1], rel=1e-9)
+    assert d_many <= pairwise["folded_distance"] * (1 + 1e-6)
+    # stored folded: the aligned models as stored are as far apart as the folded gauge says (tied tensors once)
+    assert parameter_distance(aligned[1], aligned[0], layout)["total"] == pytest.approx(d_many, rel=1e-6)
 
 
 def test_the_alternation_is_deterministic_and_keeps_only_closer_elements():
@@ -94,8 +99,12 @@ def test_the_alternation_is_deterministic_and_keeps_only_closer_elements():
     one, two = (align_states(states, layout, config, max_rounds=2) for _ in range(2))
     assert one.objective == two.objective
     assert all(torch.equal(x[k], y[k]) for x, y in zip(one.aligned, two.aligned) for k in x)
-    assert spread(one.aligned, [k for k, v in states[0].items() if v.is_floating_point()]) == one.objective[-1]
-    assert all(g > 0 for r in one.rounds for g in r["leave_one_out_gain"])
+    keys = [k for k, v in states[0].items() if v.is_floating_point() and k not in tied_names(models[0])]
+    assert spread(one.aligned, keys) == pytest.approx(one.objective[-1], rel=1e-6)     # stored folded: J as stored
+    for record in one.rounds:
+        assert all(record["leave_one_out_after"][i] < record["leave_one_out_before"][i] for i in record["kept"])
+    assert one.objective == sorted(one.objective, reverse=True)
+    assert one.stop in ("fixed point", "settled", "cap") and one.converged == (one.stop != "cap")
 
 
 def test_a_permutation_only_universe_keeps_the_function():
