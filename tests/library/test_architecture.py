@@ -1,5 +1,7 @@
 """The code's shape: imports flow one way (no cycle, no upward import, no import hidden inside a function)."""
 import ast
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,75 @@ def test_the_wheel_ships_the_presets_and_not_the_pipeline_conf():
     unshipped = [f for f in files if not any(fnmatch.fnmatchcase(f, pattern) for pattern in patterns)]
     assert files and unshipped == []
     assert not any(pattern.startswith("conf") for pattern in patterns)
+
+
+def test_the_presets_catalog_is_plain_python():
+    """The workflow loads presets/catalog.py by its path where symfusion may not be installed: it may import only the
+    standard library and PyYAML (which Snakemake needs itself), never the package."""
+    tree = ast.parse((PACKAGE / "presets" / "catalog.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported and imported - {"yaml"} <= set(sys.stdlib_module_names), imported
+
+
+# ---------------------------------------------------------------- docs/architecture.md names what exists
+
+ROOT = SRC.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_PATHLIKE = re.compile(r"[\w.-]+(/[\w.-]*)*")
+# where a path the prose names bare (`sharded.py`, `tracks.smk`) may lie
+_PROSE_HOMES = ("", "src/symfusion", "src/symfusion/pipeline", "workflow/rules", "workflow")
+
+
+def _is_path(token: str) -> bool:
+    return bool(_PATHLIKE.fullmatch(token)) and ("/" in token or re.search(r"\.\w+$", token) is not None
+                                                or token == "Snakefile") and not token.startswith(".")
+
+
+def layout_paths() -> list[str]:
+    """Every path the Layout tree of docs/architecture.md names, joined to the folders it is indented under: the
+    words of each entry before its description (a word holding <...> stands for many names and is left out)."""
+    text = ARCHITECTURE.read_text()
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    found, parents = [], []                      # parents: (indent, folder) of the open folder entries
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if not line.strip() or indent >= 20:     # a description's continuation
+            continue
+        parents = [(i, f) for i, f in parents if i < indent]
+        base = parents[-1][1] if parents else ""
+        entry = re.split(r"\s{2,}", line.strip())[0]          # the names; a description follows 2+ spaces
+        names = [word for word in entry.split() if "<" not in word and _is_path(word)]
+        found += [base + name for name in names]
+        if names and names[0].endswith("/"):
+            parents.append((indent, base + names[0]))
+    return found
+
+
+def prose_paths() -> list[str]:
+    """Every file path the page names in backquotes outside its Layout tree (`matching/compose.py`, `sharded.py`)."""
+    words = re.findall(r"`([^`\s]+)`", ARCHITECTURE.read_text())
+    return sorted({w for w in words if "<" not in w and re.search(r"\.(py|smk|yaml|sh|csv|md)$", w)
+                   and _is_path(w)})
+
+
+def test_the_architecture_page_names_only_paths_that_exist():
+    named = layout_paths()
+    assert len(named) > 40 and "src/symfusion/io/sharded.py" in named      # the tree was read, folders joined
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert missing == [], f"docs/architecture.md's Layout names what is not there: {missing}"
+    prose = prose_paths()
+    assert "matching/compose.py" in prose and len(prose) > 20
+    unfound = [p for p in prose if not any((ROOT / home / p).exists() for home in _PROSE_HOMES)]
+    assert unfound == [], f"docs/architecture.md names what is not there: {unfound}"
+
+
+def test_the_architecture_page_names_every_top_level_module_and_package():
+    """The Layout tree lists each module and package directly in src/symfusion/ (a new one gets its line)."""
+    named = set(layout_paths())
+    top = sorted(str(p.relative_to(ROOT)) + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
+                 if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file())
+    assert len(top) > 10 and [p for p in top if p not in named] == []
