@@ -202,10 +202,13 @@ def _align_folders(source: Path, anchor: Path, output, config: MatchConfig, name
             else:
                 transform, fields = match_folders_whole(source, anchor, output, config,
                                                         max_relative_output_change=tolerance, tmp=tmp)
+            saving = time.perf_counter()
+            transform.save(tmp / "transform.safetensors")
+            stages = fields.setdefault("seconds_by_stage", {})       # every stage a user waits for, writing included
+            stages["write"] = stages.get("write", 0.0) + time.perf_counter() - saving
             report = {"source": str(source), "anchor": str(anchor), "output": str(output),
                       **report_of(name, config, fields, transform, data, NOTES[noted:]),
                       "seconds": time.perf_counter() - start, "provenance": provenance(None), **(record or {})}
-            transform.save(tmp / "transform.safetensors")
             write_json(report, tmp / "match.json")
     report["transform"] = transform
     return Path(output), report

@@ -10,7 +10,9 @@ tied tensors once), the relative change of the outputs on probe inputs (as store
 from __future__ import annotations
 
 import copy
+import itertools
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ from symfusion.io.batches import check_batches
 from symfusion.io.rewrite import as_stored, plan_like, write_like
 from symfusion.io.untie import untie_pair
 from symfusion.matching import MatchConfig, MatchData, match_models
+from symfusion.matching.compose import StageClock
 from symfusion.measures import distance_fields, model_outputs, parameter_distance, probe_inputs
 from symfusion.symmetry import apply_transform
 
@@ -75,22 +78,48 @@ def match_modules(source: torch.nn.Module, anchor: torch.nn.Module, config: Matc
                   tolerance: float, data=None) -> tuple[torch.nn.Module, object, dict]:
     """(the matched copy of `source`, the transform, report fields); the source is left as it is (matching.untie:
     the matched copy is untied, io/untie.py)."""
+    start, clock = time.perf_counter(), StageClock()
     if config.untie:
         source, anchor = untie_pair(source, anchor)
     dtypes = {p.dtype for p in source.parameters() if p.is_floating_point()}
-    layout, result, moved, seconds = _match(source, anchor, config, layers, last_layers, data)
-    matched = copy.deepcopy(source)
-    kept = {k: v.dtype for k, v in source.state_dict().items()}
-    matched.load_state_dict(as_stored(moved, kept))   # cast back to the source's dtypes (each in its range)
-    change, limit = output_change(source, matched), tolerance_for(dtypes, tolerance)
+    with clock("solve"):
+        layout, result, moved, _ = _match(source, anchor, config, layers, last_layers, data)
+    with clock("copy"):
+        kept = {k: v.dtype for k, v in source.state_dict().items()}
+        matched = holding(source, as_stored(moved, kept))   # cast back to the source's dtypes (each in its range)
+    with clock("check"):
+        change, limit = output_change(source, matched), tolerance_for(dtypes, tolerance)
     if not change <= limit:                                   # NaN fails too
         raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative (> {limit:.3g}); "
                              "report this as a bug")
+    with clock("distances"):
+        distances = distance_fields(parameter_distance(source, anchor, layout), parameter_distance(matched, anchor, layout))
     return matched.eval(), result.transform, {
-        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers),
-        **distance_fields(parameter_distance(source, anchor, layout), parameter_distance(matched, anchor, layout)),
-        "relative_output_change": change, "tolerance": limit, "seconds": seconds,
-        "seconds_by_stage": result.seconds, "residual": result.residual}
+        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers), **distances,
+        "relative_output_change": change, "tolerance": limit, "seconds": time.perf_counter() - start,
+        "seconds_by_stage": dict(clock.seconds), "solve_seconds_by_stage": result.seconds, "residual": result.residual}
+
+
+def holding(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    """A copy of `model` whose parameters and buffers are `state`'s tensors, as model.load_state_dict(state) on a deep
+    copy would leave them (a tied parameter: its last name's tensor), without copying the model's weights first; a
+    tensor that shares the model's memory is cloned, so the copy never writes the original."""
+    own = {t.untyped_storage().data_ptr() for t in itertools.chain(model.parameters(), model.buffers())}
+
+    def fresh(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        if tuple(tensor.shape) != tuple(like.shape):
+            raise SymfusionError(f"the moved state's tensor of shape {tuple(tensor.shape)} does not fit "
+                                 f"{tuple(like.shape)}; report this as a bug")
+        tensor = tensor.detach().to(like.dtype)
+        return tensor.clone() if tensor.untyped_storage().data_ptr() in own else tensor.contiguous()
+    memo = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in state:
+            memo[id(parameter)] = torch.nn.Parameter(fresh(state[name], parameter), parameter.requires_grad)
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        if name in state:
+            memo[id(buffer)] = fresh(state[name], buffer)
+    return copy.deepcopy(model, memo)
 
 
 def check_same_body(model, other, path, other_path) -> None:
@@ -108,31 +137,37 @@ def match_folders_in_memory(source: Path, anchor: Path, output, config: MatchCon
     """Match two folders loaded whole; write the matched folder into `tmp` (or `output`) with the source's shards,
     index, dtypes and config (where each moved tensor has its own entry in the source's files; save_pretrained
     otherwise); returns (transform, report fields). The outputs are checked on the weights as written."""
-    check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
-    model, anchor_model = load_model(source), load_model(anchor)         # each checked finite
-    check_same_body(model, anchor_model, source, anchor)
+    start, clock = time.perf_counter(), StageClock()
+    with clock("load"):
+        check_compatible(load_config(source), load_config(anchor), str(source), str(anchor))
+        model, anchor_model = load_model(source), load_model(anchor)         # each checked finite
+        check_same_body(model, anchor_model, source, anchor)
     if config.untie:                  # written untied: save_pretrained (the source's files have no lm_head to fill)
         model, anchor_model = untie_pair(model, anchor_model)
-    layout, result, moved, seconds = _match(model, anchor_model, config, layers, last_layers, data)
-    file_state, dtypes = plan_like(model, model.state_dict(), moved, source)
-    stored = as_stored(moved, dtypes)
-    limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, tolerance)
-    matched = copy.deepcopy(model)
-    matched.load_state_dict(stored)
-    change = output_change(model, matched)
+    with clock("solve"):
+        layout, result, moved, _ = _match(model, anchor_model, config, layers, last_layers, data)
+    with clock("copy"):
+        file_state, dtypes = plan_like(model, model.state_dict(), moved, source)
+        stored = as_stored(moved, dtypes)
+        limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, tolerance)
+        matched = holding(model, stored)
+    with clock("check"):
+        change = output_change(model, matched)
     if not change <= limit:                                   # NaN fails too
         raise SymfusionError(f"the matched model changes the source's outputs by {change:.3g} relative "
                              f"(> {limit:.3g}); not writing {output}. Report this as a bug")
-    target = Path(tmp or output)
-    target.mkdir(parents=True, exist_ok=True)
-    if file_state is not None:
-        write_like(source, file_state, target)
-    else:
-        matched.save_pretrained(str(target), safe_serialization=True)
-        copy_auxiliary_files(source, target)
+    with clock("write"):
+        target = Path(tmp or output)
+        target.mkdir(parents=True, exist_ok=True)
+        if file_state is not None:
+            write_like(source, file_state, target)
+        else:
+            matched.save_pretrained(str(target), safe_serialization=True)
+            copy_auxiliary_files(source, target)
+    with clock("distances"):
+        distances = distance_fields(parameter_distance(model, anchor_model, layout),
+                                    parameter_distance(matched, anchor_model, layout))
     return result.transform, {
-        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers),
-        **distance_fields(parameter_distance(model, anchor_model, layout),
-                          parameter_distance(matched, anchor_model, layout)),
-        "relative_output_change": change, "tolerance": limit, "seconds": seconds,
-        "seconds_by_stage": result.seconds, "residual": result.residual}
+        "family": layout.family, "layers": resolve_layers(layout.num_layers, layers, last_layers), **distances,
+        "relative_output_change": change, "tolerance": limit, "seconds": time.perf_counter() - start,
+        "seconds_by_stage": dict(clock.seconds), "solve_seconds_by_stage": result.seconds, "residual": result.residual}

@@ -31,6 +31,7 @@ from symfusion.families import check_compatible, family_spec
 from symfusion.errors import SymfusionError, steps
 from symfusion.io.folder import INDEX, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.matching.compose import StageClock
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
 from symfusion.io.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
 from symfusion.io.modelio import check_fits_config, copy_auxiliary_files, load_config, model_class, skeleton_of
@@ -242,21 +243,28 @@ def match_folders(
     (or `output` directly); returns (transform, report fields: the distances before and after by module type,
     each block's check, the whole model's when it is small). Memory: a few layers' tensors, never a model."""
     config_obj = matching_config(matching) if isinstance(matching, str) else matching
-    src, anc, src_meta, layout = open_pair(source, anchor)
+    clock = StageClock()        # where the time goes: load, solve, distances, check, write (match.json)
+    with clock("load"):
+        src, anc, src_meta, layout = open_pair(source, anchor)
     indices = resolve_layers(layout.num_layers, layers, last_layers)
     target = Path(tmp or output)
     tolerance = tolerance_for({t.dtype for t in src_meta.values() if t.is_floating_point()}, max_relative_output_change)
-    writers = open_writers(src, src_meta, target)
+    with clock("write"):
+        writers = open_writers(src, src_meta, target)
     shard_of = src.weight_map
-    checker = BlockCheck(src.config, skeleton=src.skeleton, read=src.read, keys=src.weight_map)
+    with clock("check"):
+        checker = BlockCheck(src.config, skeleton=src.skeleton, read=src.read, keys=src.weight_map)
     transform, seconds, deviations, matching_seconds = Transform(), {}, {}, 0.0
-    pairs = distance_pairs(src, anc, layout)
-    before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
+    with clock("distances"):
+        pairs = distance_pairs(src, anc, layout)
+        before, after = SquaredDistances(pairs, layout), SquaredDistances(pairs, layout)
     done: set[str] = set()
     for i in steps(indices, "matching layers", "layer"):
-        keys = layer_keys(src, layout, i)
-        s_layer, a_all = src.read(keys, torch.float32), anc.read([k for k in keys if k in anc.weight_map], torch.float32)
-        a_layer = {k: a_all[k] for k in layout.stored_keys(layout.layer_keys(i))}
+        with clock("load"):
+            keys = layer_keys(src, layout, i)
+            s_layer = src.read(keys, torch.float32)
+            a_all = anc.read([k for k in keys if k in anc.weight_map], torch.float32)
+            a_layer = {k: a_all[k] for k in layout.stored_keys(layout.layer_keys(i))}
         start = time.perf_counter()
         result = match_models(s_layer, a_layer, layout, config_obj, layers=[i])
         for stage, value in result.seconds.items():
@@ -265,33 +273,42 @@ def match_folders(
         matching_seconds += time.perf_counter() - start
         stored = {k: stored_in(moved[k], src_meta[k].dtype, k) for k in keys}   # what the matched folder holds
         del moved
-        before.add(layout.canonical(s_layer), layout.canonical(a_all))
-        after.add(layout.canonical(stored), layout.canonical(a_all))
+        clock.seconds["solve"] += time.perf_counter() - start
+        with clock("distances"):
+            before.add(layout.canonical(s_layer), layout.canonical(a_all))
+            after.add(layout.canonical(stored), layout.canonical(a_all))
         del a_layer, a_all                                                   # memory: one layer's tensors at a time
-        deviations[i] = checker.deviation(_layer_prefix(layout, i), s_layer, stored)
+        with clock("check"):
+            deviations[i] = checker.deviation(_layer_prefix(layout, i), s_layer, stored)
         if not deviations[i] <= tolerance:                                 # NaN fails too
             _abort(writers)
             raise SymfusionError(
                 f"layer {i}: the matched block changes the source block's output by {deviations[i]:.3g} relative "
                 f"(> {tolerance:.3g}); not writing {output}. Report this as a bug"
             )
-        for key in keys:
-            writers[shard_of[key]].write(key, stored[key])
+        with clock("write"):
+            for key in keys:
+                writers[shard_of[key]].write(key, stored[key])
         done.update(keys)
         transform.layers.update(result.transform.layers)
-    for shard, keys in src.shards().items():                     # everything else is copied as it is
-        for key in (k for k in keys if k not in done):
-            writers[shard].write(key, src.read([key])[key])
-    unmoved_distances(src, anc, layout, [i for i in range(layout.num_layers) if i not in indices], before, after)
-    finish_folder(src, writers, target)
+    with clock("write"):
+        for shard, keys in src.shards().items():                     # everything else is copied as it is
+            for key in (k for k in keys if k not in done):
+                writers[shard].write(key, src.read([key])[key])
+    with clock("distances"):
+        unmoved_distances(src, anc, layout, [i for i in range(layout.num_layers) if i not in indices], before, after)
+    with clock("write"):
+        finish_folder(src, writers, target)
     report = {
         "family": layout.family, "layers": indices, "shards": sorted(writers),
         **distance_fields(before.distances(), after.distances()), "seconds": matching_seconds,
         "block_relative_output_change": {str(i): d for i, d in deviations.items()},
         "max_block_relative_output_change": max(deviations.values(), default=0.0),
-        "tolerance": tolerance, "seconds_by_stage": seconds,
+        "tolerance": tolerance, "seconds_by_stage": clock.seconds, "solve_seconds_by_stage": seconds,
     }
-    check_whole_model(src, src_meta, target, output, tolerance, whole_model_check, report)
+    with clock("check"):
+        check_whole_model(src, src_meta, target, output, tolerance, whole_model_check, report)
+    report["seconds_by_stage"] = dict(clock.seconds)
     return transform, report
 
 
