@@ -7,16 +7,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
-from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, check_fusion_config, fusion_method, merge_models
+from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method, merge_models
+from symfusion.fusion import fusion_config  # noqa: F401 - the library's; importable from the stage as before
 from symfusion.fusion.common import batches_of
 from symfusion.io.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.io.outputs import folder_marker, safe_output, writing_together
 from symfusion.io.provenance import provenance
-from symfusion.presets import load_preset
 from symfusion.pipeline.training import autocast, use_autocast
 from symfusion.pipeline.stages.common import fusion_batches, load_models, matching_of
 from symfusion.pipeline.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
@@ -26,17 +25,6 @@ from symfusion.pipeline.stages.mergekit import check_client, merge_by_mergekit, 
 
 # Fusion options that select data rather than being passed to the method.
 DATA_OPTIONS = STAGE_KEYS
-
-
-def fusion_config(name: str, overrides: dict | None = None) -> dict:
-    """The fusion preset <name>.yaml (name, num_batches) with every option the method declares at its default
-    (fusion/options.py, the one place of each value), `overrides` (e.g. num_batches, alpha) on top, checked against
-    the declaration: an unknown or badly typed option is one error line."""
-    preset = OmegaConf.to_container(load_preset("fusion", name), resolve=True)
-    defaults = copy.deepcopy(fusion_method(preset.get("name")).defaults())
-    fusion = {**preset, **{k: v for k, v in defaults.items() if k not in preset}, **(overrides or {})}
-    check_fusion_config(fusion)
-    return fusion
 
 
 def check_fusion(fusion: dict) -> str:
