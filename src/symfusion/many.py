@@ -113,6 +113,9 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress) 
     if config.needs_data or config.runs_models:
         raise SymfusionError(f"align_many(): matching {matching if isinstance(matching, str) else 'given'} reads data "
                              "or runs the models; the k-way alignment is data-free for now (full_symmetry, ...)")
+    if config.untie:
+        raise SymfusionError("align_many(): matching.untie=true is pairwise only for now (align()); align k models "
+                             "kept tied, or untie them first")
     return config
 
 

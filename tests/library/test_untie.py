@@ -149,6 +149,8 @@ def test_untie_is_refused_in_one_line_where_it_cannot_apply(tmp_path):
         symfusion.align(tmp_path / "s", tmp_path / "a", matching="full_symmetry_untie", output=tmp_path / "o",
                         in_memory=False)
     assert not (tmp_path / "o").exists()
+    with pytest.raises(SymfusionError, match="align_many.*untie=true is pairwise only"):
+        symfusion.align_many([tied_decoder("llama", seed) for seed in (0, 1, 2)], matching="full_symmetry_untie")
 
 
 def test_a_pair_with_nothing_tied_is_matched_as_full_symmetry_with_a_note():
