@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from symfusion.pipeline import cli
+from symfusion.pipeline import cli, many_command
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.registry import KIND_FILES, experiment
 
@@ -379,6 +379,11 @@ def _report(name: str, suffix: str):
     return command
 
 
+def _exit(code: int):
+    """A console script's main() that returns its exit code, as the script runs it."""
+    raise SystemExit(code)
+
+
 def _cli(main: str, outputs: list[str], *args: str):
     """A command of symfusion.pipeline.cli: `args` with {world} and {out} filled in, writing `outputs` (relative to out)."""
     def command(world: Path, out: Path):
@@ -414,6 +419,9 @@ COMMANDS = {
                                  "output={out}/multi.json", "output_models={out}/multi"),
     "symfusion-report table": _report("table2", ".csv"),
     "symfusion-report figure": _report("fig5_barrier", ".png"),
+    "symfusion-align-many": lambda world, out: ((lambda: _exit(many_command.main([str(world / "vit_a"), str(world / "vit_b"),
+                                                                                  "--output", str(out / "many")]))),
+                                                 [out / "many"]),
     "align": lambda world, out: ((lambda: __import__("symfusion").align(str(world / "llama_b"), str(world / "llama_a"),
                                                                         output=out / "aligned")), [out / "aligned"]),
 }

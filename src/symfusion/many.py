@@ -1,6 +1,7 @@
-"""symfusion.align_many(): move k >= 2 models (nn.Modules) into one shared basis, each keeping its own function.
+"""symfusion.align_many(): move k >= 2 models (nn.Modules or model folders) into one shared basis, each keeping its own function.
 
     aligned, report = symfusion.align_many([model_a, model_b, model_c], matching="full_symmetry")
+    folders, report = symfusion.align_many(["a", "b", "c"], output="aligned")      # aligned/model_0 ... model_2
 
 `aligned` are k new modules (the given ones are left as they are), each checked to compute its source's function on
 probe inputs: in the source's dtype as align() checks it, and in float64 (the transform applied to a float64 copy).
@@ -11,21 +12,32 @@ the pairwise solver measures: folded for the whole group, whose aligned models a
 gains; as stored for a block-only matching), why the alternation stopped (a fixed point, J settled, or the round cap),
 the pairwise distances before and after in that gauge, each model's functional checks, the seconds, and the k
 transforms (model i -> the shared basis).
-Folders (loaded whole and written as k standard folders) are not taken yet.
+Folders are read as align() reads them (io/modelio.load_model: safetensors only, every tensor of the config present,
+shaped and finite; the bodies of one shape) and loaded whole; output=DIR then receives, atomically, model_0 ..
+model_{k-1}, each written as align() writes a matched folder (the source's shards, index, key names and dtypes,
+save_pretrained where a moved tensor has no entry of its own; its weights checked as written) with its
+transform.safetensors, and many.json (the report, the sources and provenance). symfusion-align-many is this
+function on folders.
 """
 from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
-from symfusion.errors import SymfusionError, erase_progress, progress_shown
+from symfusion.errors import SymfusionError, as_symfusion_error, erase_progress, progress_shown
 from symfusion.families import check_compatible
 from symfusion.io.checks import tolerance_for
-from symfusion.io.loaded import output_change, tied
+from symfusion.io.loaded import check_same_body, holding, output_change, tied
+from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model, write_json
+from symfusion.io.outputs import folder_marker, safe_output
+from symfusion.io.provenance import provenance
+from symfusion.io.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
 from symfusion.measures import tied_names
@@ -33,20 +45,40 @@ from symfusion.symmetry import apply_transform
 
 FLOAT64_TOLERANCE = 1e-9     # the float64 check: max |f_aligned(x) - f(x)| / max |f(x)| with the moved float64 weights
 FLOAT32_NORMS = 1e-5         # the same where transformers' RMSNorms normalise in float32 even in a float64 model
+# An output of align_many() on folders: it holds the report. Replaced only when it is one (never an input).
+MANY_FOLDER = folder_marker("many.json", ("objective", "sources"))
+WRITER = "symfusion-align-many / align_many()"
 
 
 def align_many(models, matching: MatchConfig | str = "full_symmetry", output=None,
                max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS,
                progress: bool | None = None):
-    """Move k >= 2 nn.Modules of one family and shapes into one shared basis; returns (aligned modules, report).
+    """Move k >= 2 models of one family and shapes into one shared basis; returns (aligned, report).
 
-    matching: a data-free matching preset or MatchConfig (full_symmetry, the default; any variant without data:
-    rotation, git_rebasin, ...), the pairwise solver of each step. output: folders are not taken yet (None).
+    models: nn.Modules (aligned: k new modules) or model folders (output=DIR is required; aligned: the k folders
+    written, DIR/model_0 ..). matching: a data-free matching preset or MatchConfig (full_symmetry, the default; any
+    variant without data: rotation, git_rebasin, ...), the pairwise solver of each step.
     max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
     left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
     says; it never changes the result)."""
     config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress)
-    models = list(models)
+    name = matching if isinstance(matching, str) else None
+    try:
+        with progress_shown(progress):
+            if isinstance(models[0], torch.nn.Module):
+                return _align_modules(list(models), config, name, max_relative_output_change, max_rounds)
+            return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
+                                  max_rounds)
+    except BaseException as error:      # noqa: BLE001 - the system's errors (no space left, ...) become one line
+        erase_progress()                # the bars go before the error is said
+        translated = as_symfusion_error(error) if isinstance(error, Exception) else None
+        if translated is None or translated is error:
+            raise
+        raise translated from error
+
+
+def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int):
+    """align_many() of nn.Modules, its arguments checked: (the aligned modules, the report)."""
     for i, model in enumerate(models[1:], 1):
         check_compatible(models[0].config, model.config, "model 0", f"model {i}")
     states = [{k: v.float() if v.is_floating_point() and v.dtype in (torch.float16, torch.bfloat16) else v
@@ -63,21 +95,17 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     keys = floating_keys(states[0], skip=ties)
     modes = [(m, m.training) for model in models for m in model.modules()]
     try:
-        with progress_shown(progress):
-            universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
+        universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
         aligned, checks = [], []
         for model, state, transform in zip(models, universe.aligned, universe.transforms):
-            matched, check = _checked(model, state, transform, layout, max_relative_output_change)
+            matched, check = _checked(model, state, transform, layout, tolerance)
             aligned.append(matched)
             checks.append(check)
-    except BaseException:
-        erase_progress()                # the bars go before the error is said
-        raise
     finally:
         for m, training in modes:
             m.training = training
     return aligned, {
-        "matching": matching if isinstance(matching, str) else None, "matching_config": config.as_report(),
+        "matching": name, "matching_config": config.as_report(),
         "family": layout.family, "models": len(models), "gauge": universe.gauge, "objective": universe.objective,
         "rounds": universe.rounds, "converged": universe.converged, "stop": universe.stop, "max_rounds": max_rounds,
         "pairwise_distance_before": universe.distances_before, "pairwise_distance_after": universe.distances_after,
@@ -86,19 +114,75 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
         "transforms": universe.transforms}
 
 
+def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, tolerance: float, max_rounds: int):
+    """align_many() of model folders, its arguments checked: each read as align() reads a model, then written as
+    output/model_i (the source's layout and dtypes, checked as written) beside many.json; (the k folders, report)."""
+    start = time.perf_counter()
+    for i, path in enumerate(paths):
+        if not path.is_dir():
+            raise SymfusionError(f"models[{i}]={path}: no such directory")
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise SymfusionError("align_many(): the same folder is given twice; give k distinct models")
+    configs = [load_config(p) for p in paths]
+    for i, (path, config_i) in enumerate(zip(paths[1:], configs[1:]), 1):
+        check_compatible(configs[0], config_i, str(paths[0]), str(path))
+    models = [load_model(p) for p in paths]                               # each checked finite
+    for path, model in zip(paths[1:], models[1:]):
+        check_same_body(models[0], model, paths[0], path)
+    # a new folder, or a previous output of align_many; never an input
+    with safe_output(output, WRITER, MANY_FOLDER, inputs=paths, is_dir=True) as claim:
+        aligned, report = _align_modules(models, config, name, tolerance, max_rounds)
+        with claim.writing() as tmp:
+            for i, (path, model, moved) in enumerate(zip(paths, models, aligned)):
+                report["checks"][i]["as_written"] = _write_like(path, model, moved.state_dict(), tmp / f"model_{i}",
+                                                                tolerance)
+                report["transforms"][i].save(tmp / f"model_{i}" / "transform.safetensors")
+            folders = [output / f"model_{i}" for i in range(len(paths))]
+            written = {**{k: v for k, v in report.items() if k != "transforms"}, "sources": [str(p) for p in paths],
+                       "outputs": [str(f) for f in folders], "seconds_total": time.perf_counter() - start,
+                       "provenance": provenance(None)}
+            write_json(written, tmp / "many.json")
+    return folders, {**written, "transforms": report["transforms"]}
+
+
+def _write_like(source: Path, model: torch.nn.Module, moved: dict, target: Path, tolerance: float) -> dict:
+    """Write the moved weights as the folder `source` stores its own (write_like; save_pretrained where a moved
+    tensor has no entry of its own), after checking them as they will be stored: (relative change, tolerance)."""
+    file_state, dtypes = plan_like(model, model.state_dict(), moved, source)
+    matched = holding(model, as_stored(moved, dtypes))
+    change = output_change(model, matched)
+    limit = tolerance_for({d for d in dtypes.values() if d.is_floating_point}, tolerance)
+    if not change <= limit:                                   # NaN fails too
+        raise SymfusionError(f"the aligned {source} changes its outputs by {change:.3g} relative as stored "
+                             f"(> {limit:.3g}); nothing written. Report this as a bug")
+    target.mkdir(parents=True)
+    if file_state is not None:
+        write_like(source, file_state, target)
+    else:
+        matched.save_pretrained(str(target), safe_serialization=True)
+        copy_auxiliary_files(source, target)
+    return {"relative_output_change": change, "tolerance": limit}
+
+
 def _check_arguments(models, matching, output, tolerance, max_rounds, progress) -> MatchConfig:
     """align_many()'s arguments, each of its type (one SymfusionError line naming the first that is not)."""
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
-        raise SymfusionError(f"align_many(): models must be a list of nn.Modules, got {type(models).__name__}")
+        raise SymfusionError(f"align_many(): models must be a list of nn.Modules or of model folders, got "
+                             f"{type(models).__name__}")
     if len(models) < 2:
         raise SymfusionError(f"align_many(): needs k >= 2 models, got {len(models)}")
-    if not all(isinstance(m, torch.nn.Module) for m in models):
-        kinds = sorted({type(m).__name__ for m in models if not isinstance(m, torch.nn.Module)})
-        raise SymfusionError(f"align_many(): models must be nn.Modules (folders are not taken yet), got {kinds[0]}")
-    if len({id(m) for m in models}) < len(models):
+    modules = all(isinstance(m, torch.nn.Module) for m in models)
+    if not modules and not all(isinstance(m, (str, Path)) and str(m).strip() for m in models):
+        kinds = sorted({type(m).__name__ for m in models})
+        raise SymfusionError(f"align_many(): models must be all nn.Modules or all model folders (paths), got "
+                             f"{' and '.join(kinds)}")
+    if modules and len({id(m) for m in models}) < len(models):
         raise SymfusionError("align_many(): the same module is given twice; give k distinct models")
-    if output is not None:
-        raise SymfusionError("align_many(): output= is for folders, which are not taken yet; leave it out")
+    if modules and output is not None:
+        raise SymfusionError("align_many(): output= is for model folders (modules come back as modules); leave it out")
+    if not modules and (output is None or not isinstance(output, (str, Path)) or not str(output).strip()):
+        raise SymfusionError(f"align_many() of model folders needs output=DIR (where the k aligned folders are "
+                             f"written), got {type(output).__name__} {str(output)[:60]!r}")
     if not isinstance(matching, (str, MatchConfig)):
         raise SymfusionError(f"align_many(): matching must be the name of a matching variant or a MatchConfig, got "
                              f"{type(matching).__name__}")

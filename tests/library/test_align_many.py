@@ -121,12 +121,12 @@ def test_a_permutation_only_universe_keeps_the_function():
 @pytest.mark.parametrize("models,kwargs,message", [
     (lambda: [build("enc", "vit", {}, seed=1)], {}, "k >= 2"),
     (lambda: build("enc", "vit", {}, seed=1), {}, "a list of nn.Modules"),
-    (lambda: [build("enc", "vit", {}, seed=1), "folder"], {}, "folders are not taken yet"),
+    (lambda: [build("enc", "vit", {}, seed=1), "folder"], {}, "all nn.Modules or all model folders"),
     (lambda: [build("enc", "vit", {}, seed=1), build("enc", "bert", {}, seed=2)], {}, "vit"),
     (lambda: [build("enc", "vit", {}, seed=1), build("enc", "vit", {"intermediate_size": 41}, seed=2)], {}, "37"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "full_symmetry_learned"}, "data-free"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "no_such"}, "no_such"),
-    (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"output": "/tmp/x"}, "output="),
+    (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"output": "/tmp/x"}, "output= is for model folders"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"max_rounds": -1}, "max_rounds"),
 ])
 def test_bad_arguments_are_one_line(models, kwargs, message):

@@ -46,6 +46,7 @@ WRITERS = {
                                                        "open_lock")},
     **{f: _OUTPUTS for f in (
         "symfusion.api:_align_folders", "symfusion.io.modelio:copy_auxiliary_files", "symfusion.io.modelio:write_json",
+        "symfusion.many:_align_folders", "symfusion.many:_write_like",
         "symfusion.io.loaded:match_folders_in_memory",
         "symfusion.pipeline.report.results:write_claimed", "symfusion.pipeline.stages.barrier:run_barrier",
         "symfusion.pipeline.stages.data:run_data", "symfusion.pipeline.stages.evaluate:run_evaluate",

@@ -66,6 +66,12 @@ def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
                               "table2 can read")],       # after its progress bar
         "symfusion-compare": [([], "run_dir"), ([str(w), "--tolerance", "much"], "--tolerance"),
                               ([str(w), "--colour"], "unrecognized"), ([str(w / "nope")], "not a directory")],
+        "symfusion-align-many": [([str(w / "vit_a"), "--output", str(o / "m")], "k >= 2"),
+                                 ([str(w / "vit_a"), str(w / "bert_a"), "--output", str(o / "m")], "model_type"),
+                                 ([str(w / "vit_a"), str(w / "vit_b")], "--output"),
+                                 ([str(w / "vit_a"), str(w / "vit_b"), "--output", str(w / "vit_a")], "input"),
+                                 ([str(w / "vit_a"), str(w / "vit_b"), "--output", str(o / "m"), "--max-rounds", "-1"],
+                                  "--max-rounds")],
         "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),
                              ([str(w / "shared" / "socket")], "folder")],
     }

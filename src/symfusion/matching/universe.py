@@ -106,12 +106,12 @@ def floating_keys(state: Mapping[str, torch.Tensor], skip=()) -> list[str]:
 @dataclass
 class Space:
     """Where the alternation runs: the states it moves (folded canonical, or as stored), the keys J counts, how an
-    element moves model i (move), how model i is matched onto a target from an element or cold (solve), and the
+    element moves model i (placed), how model i is matched onto a target from an element or cold (solve), and the
     whole transform of an element (transform)."""
 
     states: list[dict]
     keys: list[str]
-    move: Callable
+    placed: Callable
     solve: Callable
     transform: Callable
     identity: object
@@ -127,7 +127,7 @@ def folded_space(states, layout: ModelLayout, config: MatchConfig, tied: bool | 
     keys = [k for k in floating_keys(folded[0]) if k != stream.tied_copy]    # the embeddings count once
     eye = torch.eye(stream.hidden, dtype=torch.float64)
 
-    def move(i: int, element) -> dict:
+    def placed(i: int, element) -> dict:
         return apply_blocks(rotate_stream(folded[i], stream, element[0]), layout, element[1])
 
     def solve(i: int, target: Mapping, warm) -> tuple:
@@ -140,7 +140,7 @@ def folded_space(states, layout: ModelLayout, config: MatchConfig, tied: bool | 
         gains = {f.gain: torch.ones(stream.hidden, dtype=torch.float64) for f in stream.folds}
         return Transform(layers={i: t for i, t in element[1].items() if not t.is_identity()},
                          residual=ResidualMap(element[0], gains))
-    return Space(folded, keys, move, solve, transform, (eye, {}), "folded")
+    return Space(folded, keys, placed, solve, transform, (eye, {}), "folded")
 
 
 def stored_space(states, layout: ModelLayout, config: MatchConfig, keys, tied: bool | None) -> Space:
@@ -166,11 +166,11 @@ def align_states(states: Sequence[Mapping[str, torch.Tensor]], layout: ModelLayo
     space = folded_space(states, layout, config, tied) if config.residual != "none" else \
         stored_space(states, layout, config, keys if keys is not None else floating_keys(states[0]), tied)
     keys, k = space.keys, len(states)
-    elements, moved = [space.identity], [space.move(0, space.identity)]
+    elements, moved = [space.identity], [space.placed(0, space.identity)]
     for i in steps(range(1, k), "start: onto the models placed", "model"):        # incremental start
         _, target = mean_state(moved, keys, space.states[i])
         elements.append(space.solve(i, target, None))
-        moved.append(space.move(i, elements[-1]))
+        moved.append(space.placed(i, elements[-1]))
     start_cpu = time.process_time() - cpu
     floor = TOL * math.fsum(float(s[key].double().pow(2).sum()) for s in space.states for key in keys) / k
     objective, rounds, stop = [spread(moved, keys)], [], "cap"
@@ -179,7 +179,7 @@ def align_states(states: Sequence[Mapping[str, torch.Tensor]], layout: ModelLayo
         for i in steps(range(k), "models", "model"):
             exact, target = mean_state([x for j, x in enumerate(moved) if j != i], keys, space.states[i])
             element = space.solve(i, target, elements[i])
-            candidate = space.move(i, element)
+            candidate = space.placed(i, element)
             before.append(squared(moved[i], exact, keys))
             after.append(squared(candidate, exact, keys))
             if after[-1] < before[-1] - floor:
