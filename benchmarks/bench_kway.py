@@ -81,6 +81,19 @@ def barrier(model, states, ends, task, grid, examples) -> float:
                for w in grid)
 
 
+def pair_check(models, states, pair_state, pair_distance, task, args) -> dict:
+    """k = 2: the universe of the first two models against the pairwise solve of model 1 onto model 0 (its moved
+    state and folded distance): the folded distance and the Simple merge of each."""
+    two, two_report = symfusion.align_many(models[:2], max_rounds=args.max_rounds)
+    two_states = [m.state_dict() for m in two]
+    work = load_model(str(args.models / args.names[0])).eval()
+    return {"pairwise": {"distance": pair_distance,
+                         "simple": evaluate(work, mixture([states[0], pair_state], [0.5, 0.5]), task)},
+            "universe": {"distance": two_report["pairwise_distance_after"][0][1],
+                         "simple": evaluate(work, mixture(two_states, [0.5, 0.5]), task),
+                         "objective": two_report["objective"], "seconds": two_report["cpu_seconds"]}}
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,6 +103,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="test images per barrier point (the mini's)")
     parser.add_argument("--max-rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--skip-k2", action="store_true", help="leave out the k = 2 comparison with the pairwise solve")
     parser.add_argument("--timing-only", action="store_true", help="only the solves' seconds (wall and CPU), no evaluation")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -145,16 +159,7 @@ def main() -> None:
     best = max(ends_full, key=lambda r: r["accuracy"])
     logit = ensemble(models, task)
 
-    # k = 2: the universe of the first two models against the pairwise solve of model 1 onto model 0
-    pair_state = anchor[1]
-    two, two_report = symfusion.align_many(models[:2], max_rounds=args.max_rounds)
-    two_states = [m.state_dict() for m in two]
-    work2 = load_model(str(args.models / args.names[0])).eval()
-    k2 = {"pairwise": {"distance": pairwise_folded[0],
-                       "simple": evaluate(work2, mixture([states[0], pair_state], [0.5, 0.5]), task)},
-          "universe": {"distance": two_report["pairwise_distance_after"][0][1],
-                       "simple": evaluate(work2, mixture(two_states, [0.5, 0.5]), task),
-                       "objective": two_report["objective"], "seconds": two_report["cpu_seconds"]}}
+    k2 = None if args.skip_k2 else pair_check(models, states, anchor[1], pairwise_folded[0], task, args)
 
     print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} simplex points "
           f"(step 1/{args.grid} and the centroid) on {args.examples} test images; the centroid on all 10,000\n")
@@ -174,11 +179,12 @@ def main() -> None:
           f"the universe's solve: {rows['universe']['seconds']:.1f} CPU s = {rows['universe']['seconds'] / (k * one):.2f}x")
     print(f"the universe's J per round: {', '.join(f'{j:.2f}' for j in rows['universe']['objective'])}")
     print(f"the permutation universe's J per round: {', '.join(f'{j:.2f}' for j in rows['perm']['objective'])}")
-    print(f"\nk = 2 ({args.names[1]} and {args.names[0]}), folded distances: pairwise full_symmetry {k2['pairwise']['distance']:.4f}, "
-          f"Simple {100 * k2['pairwise']['simple']['accuracy']:.2f}% (loss {k2['pairwise']['simple']['loss']:.4f}); "
-          f"universe distance {k2['universe']['distance']:.4f}, Simple {100 * k2['universe']['simple']['accuracy']:.2f}% "
-          f"(loss {k2['universe']['simple']['loss']:.4f}); its J per round "
-          f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
+    if k2 is not None:
+        print(f"\nk = 2 ({args.names[1]} and {args.names[0]}), folded distances: pairwise full_symmetry {k2['pairwise']['distance']:.4f}, "
+              f"Simple {100 * k2['pairwise']['simple']['accuracy']:.2f}% (loss {k2['pairwise']['simple']['loss']:.4f}); "
+              f"universe distance {k2['universe']['distance']:.4f}, Simple {100 * k2['universe']['simple']['accuracy']:.2f}% "
+              f"(loss {k2['universe']['simple']['loss']:.4f}); its J per round "
+              f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "best": best, "ensemble": logit, "k2": k2,
