@@ -75,8 +75,11 @@ class Batches:
 
 
 # full_symmetry_synthetic's 600 refinement steps write 600 batches of text per entry (1-3 minutes a decoder pair on 2
-# cores, three entries a pair): here 40 steps, set the same way in every entry (MatchConfig; matching.refine_steps=)
-SHORTER = {"full_symmetry_synthetic": {"refine_steps": 40}}
+# cores, three entries a pair), full_symmetry_learned's 200 took 12-22 s a pair on a 2-core Xeon (the suite's slowest
+# cases): here 40 steps, set the same way in every entry (MatchConfig; matching.refine_steps=; the stage's
+# run_match gets the same MatchConfig). What is checked is that the three entries are one path, whatever the count;
+# the learned refinement itself, its steps and settings: tests/library/test_learned.py
+SHORTER = {"full_symmetry_synthetic": {"refine_steps": 40}, "full_symmetry_learned": {"refine_steps": 40}}
 
 
 def entries(make, name, tmp_path):
@@ -115,7 +118,8 @@ def entries(make, name, tmp_path):
             if exit_info.value.code != 0:
                 raise SymfusionError(f"exit {exit_info.value.code}")
         else:
-            run_match(str(tmp_path / "source"), str(tmp_path / "anchor"), str(out), matching_config(name), name,
+            run_match(str(tmp_path / "source"), str(tmp_path / "anchor"), str(out),
+                      dataclasses.replace(matching_config(name), **overrides), name,
                       data_task=Batches(data), data_batches=len(data))
         report = json.loads((out / "match.json").read_text())
         outcomes.append(("symfusion-match", (load_model(out).state_dict(), load_file(out / "transform.safetensors"),
@@ -146,6 +150,7 @@ def check_one_path(make, name, tmp_path, capsys):
     # (a shortened preset, SHORTER, is a MatchConfig to align(), which names no preset, and the preset's name with
     # matching.refine_steps= to the console script: its settings, matching_config, are compared)
     named = () if name in SHORTER else ("matching",)
+    assert command[2]["matching"] == name       # the console script and the stage name the preset they were given
     for field in ("distance_before", "distance_after", "distance_before_by_module", "distance_after_by_module",
                   "matching_config", "layers", "family") + named:
         assert folders[2][field] == command[2][field], field
