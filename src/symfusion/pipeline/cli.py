@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.pipeline.config import (check_data_options, check_values, choice, command_line_first, compose_config,
-                                        given_options, integer, limits, listing, mapping, number, text, texts_of)
+from symfusion.pipeline.config import check_data_options, command_line_first, compose_config, given_options
+from symfusion.pipeline.options import OPTIONS, checks, help_lines, read, texts
 from symfusion.errors import (NOTES, SymfusionError, as_symfusion_error, erase_progress, note, progress_wanted,
                               said_on_success)
 
@@ -65,6 +65,20 @@ def report_errors(command):
     return wrapper
 
 
+# symfusion-<name> -> its command, registered by @stage(name); its options are declared in options.py's OPTIONS,
+# its console script is the entry <name>_main of this module (pyproject.toml; __getattr__ below).
+COMMANDS: dict = {}
+
+
+def stage(name: str):
+    """Register a stage command: the function (its errors reported as one line, report_errors) run for
+    symfusion-<name> once conf/<name>.yaml is composed with the command line and every option checked."""
+    def register(command):
+        COMMANDS[name] = report_errors(command)
+        return COMMANDS[name]
+    return register
+
+
 def _container(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
@@ -92,7 +106,7 @@ def _matching(cfg: DictConfig):
     return MatchConfig.from_mapping(cfg.matching)
 
 
-@report_errors
+@stage("match")
 def match_command(cfg: DictConfig) -> None:
     """symfusion-match source=DIR anchor=DIR output=DIR matching=NAME [layers=[..] | last_layers=K]"""
     from symfusion.matching import matching_config
@@ -116,7 +130,7 @@ def match_command(cfg: DictConfig) -> None:
     )
 
 
-@report_errors
+@stage("data")
 def data_command(cfg: DictConfig) -> None:
     """symfusion-data task=NAME output=FILE.json"""
     from symfusion.pipeline.stages.data import run_data
@@ -126,7 +140,7 @@ def data_command(cfg: DictConfig) -> None:
     print(f"data {cfg.task.name}: {sizes} -> {cfg.output}")
 
 
-@report_errors
+@stage("train")
 def train_command(cfg: DictConfig) -> None:
     """symfusion-train task=NAME model=NAME seed=S output=DIR [threads=N]: a ViT from scratch or a text fine-tune"""
     from symfusion.pipeline.stages.train import run_train
@@ -140,7 +154,7 @@ def train_command(cfg: DictConfig) -> None:
           f"{report['validation_score']:.4f} (epoch {report['best_epoch']}), {report['seconds']:.0f}s -> {cfg.output}")
 
 
-@report_errors
+@stage("merge")
 def merge_command(cfg: DictConfig) -> None:
     """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
     or, several methods merged and evaluated in one process (no model folder written):
@@ -173,7 +187,7 @@ def merge_command(cfg: DictConfig) -> None:
           f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {cfg.output}")
 
 
-@report_errors
+@stage("statistics")
 def statistics_command(cfg: DictConfig) -> None:
     """symfusion-statistics task=NAME model_dir=DIR methods=[fisher,regmean] output=FILE.safetensors
     [method_options={fisher: {num_batches: 2}}]: one model's Fisher / Gram statistics, for merges that fuse it unmoved"""
@@ -187,7 +201,7 @@ def statistics_command(cfg: DictConfig) -> None:
     print(f"statistics of {report['model']} on {report['task']} ({took}) -> {cfg.output}")
 
 
-@report_errors
+@stage("evaluate")
 def evaluate_command(cfg: DictConfig) -> None:
     """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test] [head_from=DIR]
     or, several tasks in one process: tasks=[T1,T2] heads=[DIR1,DIR2] (each task with its model's head)"""
@@ -204,7 +218,7 @@ def evaluate_command(cfg: DictConfig) -> None:
     print(f"evaluated {cfg.model_dir}/{cfg.split}: {summary} -> {cfg.output}")
 
 
-@report_errors
+@stage("barrier")
 def barrier_command(cfg: DictConfig) -> None:
     """symfusion-barrier task=NAME anchor=DIR source=DIR output=FILE.json [points=11]"""
     from symfusion.pipeline.stages.barrier import run_barrier
@@ -214,7 +228,7 @@ def barrier_command(cfg: DictConfig) -> None:
     print(f"barrier {report['matching']}: {report['barrier']:.4f} -> {cfg.output}")
 
 
-@report_errors
+@stage("layers")
 def layers_command(cfg: DictConfig) -> None:
     """symfusion-layers anchor=DIR source=DIR tasks=[T_ANCHOR,T_SOURCE] output=FILE.json [matching=NAME] [examples=N]"""
     from symfusion.pipeline.stages.layers import run_layer_sweep
@@ -227,7 +241,7 @@ def layers_command(cfg: DictConfig) -> None:
     print(f"layer sweep: {len(report['rows'])} evaluations in {report['seconds']:.0f}s -> {cfg.output}")
 
 
-@report_errors
+@stage("multimodel")
 def multimodel_command(cfg: DictConfig) -> None:
     """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR matching.multi=anchor|barycenter]"""
     from symfusion.pipeline.stages.multimodel import run_multimodel
@@ -241,7 +255,7 @@ def multimodel_command(cfg: DictConfig) -> None:
           f"-> {cfg.output}")
 
 
-@report_errors
+@stage("report")
 def report_command(cfg: DictConfig) -> None:
     """symfusion-report artefact=NAME inputs=[FILES] output=PATH: an entry of conf/experiments.yaml (a table: output=X.csv,
     a figure: output=X.png), or artefact=report (output=report.md)"""
@@ -251,62 +265,26 @@ def report_command(cfg: DictConfig) -> None:
     print(f"{cfg.artefact}: {len(rows)} rows -> {cfg.output}")
 
 
-# ---------------------------------------------------------------- what every command accepts
-
-PATH, PATHS = text(), listing(text())
-SPLIT = choice("train", "validation", "test")
-PRECISION = choice("auto", "bf16", "fp32")
-TASK_CHECKS = {
-    "task.split_seed": integer(0), "task.eval_batch_size": integer(1), "task.fusion_batch_size": integer(1),
-    "task.limit": limits(optional=True), "task.max_length": integer(1, optional=True),
-    "task.block_size": integer(2, optional=True), "task.tokenizer.vocab_size": integer(258, optional=True),
-    "task.tokenizer.min_frequency": integer(1, optional=True),
-    "task.train.epochs": integer(1), "task.train.batch_size": integer(1), "task.train.lr": number(0, strict_low=True),
-    "task.train.weight_decay": number(0), "task.train.warmup_ratio": number(0, 1),
-}
-CHECKS = {
-    "data": {"output": PATH, **TASK_CHECKS},
-    "train": {"output": PATH, "seed": integer(0), "threads": integer(1, optional=True), "precision": PRECISION,
-              **TASK_CHECKS},
-    "match": {"source": PATH, "anchor": PATH, "output": PATH, "layers": listing(integer(0), optional=True),
-              "last_layers": integer(0, optional=True), "max_relative_output_change": number(0, strict_low=True),
-              "data_task": text(optional=True), "data_batches": integer(1),
-              "data_split": choice("validation", "train")},
-    "merge": {"models": listing(text(), 2), "tasks": listing(text(), 1, optional=True), "output": text(optional=True),
-              "methods": listing(text(), 1, optional=True), "method_options": mapping(optional=True),
-              "eval_dir": text(optional=True), "eval_tasks": listing(text(), 1, optional=True),
-              "eval_heads": listing(text(), 1, optional=True), "precision": PRECISION,
-              "statistics": listing(text(), 1, optional=True), "client": choice("symfusion", "mergekit"),
-              **TASK_CHECKS},
-    "statistics": {"model_dir": PATH, "methods": listing(text(), 1), "method_options": mapping(optional=True),
-                   "output": PATH, "precision": PRECISION, **TASK_CHECKS},
-    "evaluate": {"model_dir": PATH, "output": PATH, "split": SPLIT, "head_from": text(optional=True),
-                 "precision": PRECISION,
-                 "tasks": listing(text(), 1, optional=True), "heads": listing(text(), 1, optional=True),
-                 **TASK_CHECKS},
-    "barrier": {"anchor": PATH, "source": PATH, "output": PATH, "points": integer(2), "split": SPLIT,
-                "examples": integer(1, optional=True), **TASK_CHECKS},
-    "layers": {"anchor": PATH, "source": PATH, "output": PATH, "tasks": listing(text(), 2),
-               "examples": integer(1, optional=True)},
-    "multimodel": {"models": listing(text(), 2), "output": PATH, "output_models": text(optional=True)},
-    "report": {"artefact": PATH, "inputs": listing(text(), 1), "output": PATH},
-}
+# What every command accepts: its options' declaration (pipeline/options.py), the checks derived from it.
+CHECKS = {name: checks(name) for name in OPTIONS}
 
 
 def command_line(config_name: str, command, argv: list[str]) -> int:
     """Compose conf/<config_name>.yaml with argv's overrides, check every value, run `command`; the exit code.
 
-    --help prints the command's usage and its options with their defaults (--cfg: the options only).
+    --help prints the command's usage, its options (declared in pipeline/options.py) with their defaults, and the
+    composed configuration (--cfg: the configuration only).
     """
     if any(arg in ("--help", "-h", "--cfg") for arg in argv):
         rest = [a for a in argv if not a.startswith("-")]
         try:
-            cfg = compose_config(config_name, rest, texts_of(CHECKS[config_name]))
+            cfg = compose_config(config_name, rest, texts(config_name))
         except SymfusionError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         if "--cfg" not in argv:
-            print(f"usage: {(command.__doc__ or '').strip()}\n\noptions (KEY=VALUE; defaults below):")
+            print(f"usage: {(command.__doc__ or '').strip()}\n\noptions (KEY=VALUE; the default first):")
+            print("\n".join(help_lines(config_name, cfg)) + "\n\nconfiguration (the defaults, composed):")
         print(OmegaConf.to_yaml(cfg))
         return 0
     flags = [a for a in argv if a.startswith("-")]
@@ -314,8 +292,8 @@ def command_line(config_name: str, command, argv: list[str]) -> int:
         if flags:
             raise SymfusionError(f"unknown flag {flags[0]}; options are KEY=VALUE overrides (see --help)")
         progress_wanted()                # SYMFUSION_PROGRESS is on, off or auto
-        cfg = compose_config(config_name, argv, texts_of(CHECKS[config_name]))
-        check_values(cfg, CHECKS[config_name])
+        cfg = compose_config(config_name, argv, texts(config_name))
+        read(config_name, cfg)           # every option checked by its declaration (pipeline/options.py)
         given = given_options(argv)      # the options the command line sets
         command_line_first(cfg, given)
         if "matching" in cfg:            # matching.* is checked by the library's declaration (MatchConfig), once
@@ -372,18 +350,18 @@ def entry(config_name: str, command):
     return main
 
 
-COMMANDS = {"data": data_command, "train": train_command, "match": match_command, "merge": merge_command,
-            "statistics": statistics_command, "evaluate": evaluate_command, "barrier": barrier_command,
-            "layers": layers_command, "multimodel": multimodel_command, "report": report_command}
-data_main, train_main, match_main, merge_main, statistics_main, evaluate_main, barrier_main, layers_main, \
-    multimodel_main, report_main = (entry(name, command) for name, command in COMMANDS.items())
+def __getattr__(attribute: str):
+    """<name>_main, the console script of symfusion-<name> (pyproject.toml) for every registered command."""
+    name = attribute.removesuffix("_main")
+    if attribute.endswith("_main") and name in COMMANDS:
+        return entry(name, COMMANDS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
 
-# What the warm worker imports before it forks: every stage, so that no job imports torch or transformers again.
+
+# What the warm worker imports before it forks: every stage (each command's declaration names its module), so that
+# no job imports torch or transformers again.
 WORKER_PRELOAD = ("torch", "transformers.modeling_utils", "symfusion.pipeline.tasks", "symfusion.matching",
-                  "symfusion.pipeline.stages.data", "symfusion.pipeline.stages.train", "symfusion.pipeline.stages.match",
-                  "symfusion.pipeline.stages.merge", "symfusion.pipeline.stages.statistics", "symfusion.pipeline.stages.evaluate",
-                  "symfusion.pipeline.stages.barrier", "symfusion.pipeline.stages.layers", "symfusion.pipeline.stages.multimodel", "symfusion.pipeline.report.artefacts",
-                  "transformers.models.auto.tokenization_auto")
+                  *(declared.stage for declared in OPTIONS.values()), "transformers.models.auto.tokenization_auto")
 # ... and what the stages import lazily when a job needs it (each cost a forked job 1-3 CPU s): the
 # pipeline's packages (metrics, optimal transport, spaCy; skipped when not installed) and, in
 # worker_modules(), the transformers modeling code of every family symfusion supports.
@@ -447,4 +425,4 @@ def worker_main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    match_main()
+    entry("match", COMMANDS["match"])()
