@@ -19,7 +19,7 @@ from symfusion.arch import layout_of
 from symfusion.errors import NOTES, SymfusionError
 from symfusion.fusion import merge_models
 from symfusion.io.untie import is_tied, untied
-from symfusion.matching import matching_config
+from symfusion.matching import match_models, matching_config
 from symfusion.pipeline.stages.common import load_models
 from symfusion.stream import stream_layout
 from symfusion.symmetry import apply_transform, random_residual, random_transform
@@ -149,6 +149,10 @@ def test_untie_is_refused_in_one_line_where_it_cannot_apply(tmp_path):
         symfusion.align(tmp_path / "s", tmp_path / "a", matching="full_symmetry_untie", output=tmp_path / "o",
                         in_memory=False)
     assert not (tmp_path / "o").exists()
+    tied = tied_decoder("llama", 0)
+    state = tied.state_dict()
+    with pytest.raises(SymfusionError, match="untie=true unties models, not state dicts"):
+        match_models(state, state, layout_of(tied.config, state), "full_symmetry_untie", tied=True)
     with pytest.raises(SymfusionError, match="align_many.*untie=true is pairwise only"):
         symfusion.align_many([tied_decoder("llama", seed) for seed in (0, 1, 2)], matching="full_symmetry_untie")
 

@@ -27,7 +27,8 @@ def match_models(
     config: a MatchConfig or the name of a matching preset (presets/matching/). With config.residual (full_symmetry) the
     residual stream is matched too (matching/whole.py): then every layer is matched, `data` feeds
     residual_solve=activations and refine=loss, and `tied` says whether an lm_head is tied to the embeddings
-    (None: read from the state, where a tied lm_head shares the embeddings' storage or is absent)."""
+    (None: read from the state, where a tied lm_head shares the embeddings' storage or is absent); config.untie
+    needs tied=False (states already untied: align() unties modules and folders)."""
     config = matching_config(config) if isinstance(config, str) else config
     if anchor_layout is not None:
         check_same_layout(layout, anchor_layout)
@@ -36,6 +37,9 @@ def match_models(
     if layers is not None or last_layers is not None:
         raise SymfusionError(f"matching.residual={config.residual} moves the residual stream of every layer: it matches "
                              "the whole model (drop layers= / last_layers=, or use a variant without matching.residual)")
+    if config.untie and tied is not False:        # untying makes new modules: align() does it (io/untie.py)
+        raise SymfusionError("matching.untie=true unties models, not state dicts: align() the modules or folders, or "
+                             "untie the states first (lm_head a copy of the embeddings) and pass tied=False")
     return match_whole(source, anchor, layout, config, data=data, tied=tied)
 
 
