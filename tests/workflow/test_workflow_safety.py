@@ -80,15 +80,18 @@ def test_an_awkward_results_dir_reaches_every_command_intact(tmp_path):
     assert not results.exists() and not figures.exists()
 
 
-def test_a_real_job_with_an_awkward_results_dir_writes_only_inside_it_and_leaves_no_worker_folder(tmp_path):
+def test_a_real_job_with_an_awkward_results_dir_writes_only_inside_it_and_leaves_no_worker_folder(tmp_path,
+                                                                                                  tmp_path_factory):
     folder = scratch_workflow(tmp_path / "checkout")
-    results, temp = tmp_path / AWKWARD, tmp_path / "tmp"
-    temp.mkdir()
+    # TMPDIR a short folder of its own: the worker's socket, TMPDIR/symfusion-worker-*/socket, must fit AF_UNIX's 107
+    # bytes, and this test's tmp_path under pytest-xdist (.../pytest-N/popen-gwK/test_a_real_job_with_an_awkwar0) left
+    # it ~110 (the worker failed to start: "AF_UNIX path too long" in worker.log)
+    results, temp = tmp_path / AWKWARD, tmp_path_factory.mktemp("t")
     run = snakemake(folder, "--cores", "1", f"{results}/smoke/data/digits.json", "--config", "profile=smoke",
                     f"results_dir={results}", f"figures_dir={tmp_path / 'my figures'}", env={"TMPDIR": str(temp)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (results / "smoke" / "data" / "digits.json").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkout", AWKWARD, "tmp"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkout", AWKWARD])
     assert "): exit 0 after" in (results / "smoke" / "logs" / "worker.log").read_text()   # the job ran in the worker
     assert list(temp.glob("symfusion-worker-*")) == []                            # its socket folder went with it
 
