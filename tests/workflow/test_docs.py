@@ -20,6 +20,7 @@ import importlib.util
 import io
 import re
 import shlex
+import sys
 import subprocess
 import tempfile
 import tomllib
@@ -179,7 +180,11 @@ def script_options(path: Path) -> frozenset[str]:
         return frozenset(option for label in labels for option in label.split("|"))
     spec = importlib.util.spec_from_file_location(f"docs_checked_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))  # as `python benchmarks/x.py` runs it: its siblings importable by name
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return frozenset(parser_options(captured_parser(module.main)))
 
 
