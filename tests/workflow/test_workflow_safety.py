@@ -96,6 +96,24 @@ def test_a_real_job_with_an_awkward_results_dir_writes_only_inside_it_and_leaves
     assert list(temp.glob("symfusion-worker-*")) == []                            # its socket folder went with it
 
 
+def test_a_tmpdir_too_long_for_the_workers_socket_turns_the_worker_off_in_one_line(tmp_path):
+    """TMPDIR so long that TMPDIR/symfusion-worker-*/socket passes AF_UNIX's 107 bytes: the run says so in one line,
+    its jobs start their own processes and succeed, and no worker folder is left (the worker used to die with a
+    traceback in worker.log while the jobs ran without it, unsaid)."""
+    folder = scratch_workflow(tmp_path / "checkout")
+    temp = tmp_path / ("t" * 100)
+    temp.mkdir()
+    results = tmp_path / "results"
+    run = snakemake(folder, "--cores", "1", f"{results}/smoke/data/digits.json", "--config", "profile=smoke",
+                    f"results_dir={results}", env={"TMPDIR": str(temp)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (results / "smoke" / "data" / "digits.json").is_file()
+    said = [line for line in run.stderr.splitlines() if line.startswith("warm worker off:")]
+    assert len(said) == 1 and "longer than a Unix socket path may be" in said[0], run.stderr[-3000:]
+    assert list(temp.glob("symfusion-worker-*")) == []
+    assert "exit 0 after" not in (results / "smoke" / "logs" / "worker.log").read_text()  # no job ran in a worker
+
+
 def test_a_worker_that_cannot_log_leaves_no_temp_folder(tmp_path):
     """results/ not writable (here: under a file, which stops root too): the run fails, no worker folder is left."""
     folder = scratch_workflow(tmp_path / "checkout")

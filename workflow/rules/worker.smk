@@ -5,6 +5,7 @@ import tempfile
 import time
 
 WORKER_VARIABLE = "SYMFUSION_WORKER"   # read by every stage command (src/symfusion/pipeline/warm.py)
+SOCKET_PATH_MAX = 107                 # sun_path's 108 bytes on Linux, less the terminating NUL
 
 
 # The warm worker (src/symfusion/pipeline/warm.py), for a run on this machine: one process imports the stages once
@@ -46,6 +47,11 @@ def start_worker():
     atexit.register(stop_worker)
     WORKER["folder"] = tempfile.mkdtemp(prefix="symfusion-worker-")
     socket_path = os.path.join(WORKER["folder"], "socket")
+    if len(os.fsencode(socket_path)) > SOCKET_PATH_MAX:   # a long TMPDIR: the worker could not bind its socket
+        print(f"warm worker off: {socket_path} is longer than a Unix socket path may be ({SOCKET_PATH_MAX} bytes); "
+              "jobs start their own processes (set TMPDIR to a shorter folder to use the worker)", file=sys.stderr)
+        stop_worker()
+        return
     with worker_log:
         try:
             WORKER["process"] = subprocess.Popen(
