@@ -79,7 +79,8 @@ class Batches:
 # cases): here 40 steps, set the same way in every entry (MatchConfig; matching.refine_steps=; the stage's
 # run_match gets the same MatchConfig). What is checked is that the three entries are one path, whatever the count;
 # the learned refinement itself, its steps and settings: tests/library/test_learned.py
-SHORTER = {"full_symmetry_synthetic": {"refine_steps": 40}, "full_symmetry_learned": {"refine_steps": 40}}
+SHORTER = {"full_symmetry_synthetic": {"refine_steps": 40}, "full_symmetry_learned": {"refine_steps": 40},
+           "full_symmetry_untie_learned": {"refine_steps": 40}}
 
 
 def entries(make, name, tmp_path):
