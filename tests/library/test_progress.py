@@ -156,7 +156,7 @@ def test_align_many_shows_its_start_and_rounds_and_keeps_its_result():
     with terminal_stderr() as screen:
         shown_aligned, shown_report = symfusion.align_many(models, matching="rotation", max_rounds=2)
         quiet_aligned, quiet_report = symfusion.align_many(models, matching="rotation", max_rounds=2, progress=False)
-    assert counts(screen.raw, "start: onto model 0")[-1] == (2, 2)
+    assert counts(screen.raw, "start: onto the models placed")[-1] == (2, 2)
     rounds = counts(screen.raw, "rounds")
     assert rounds[0] == (0, 2) and rounds[-1] == (len(shown_report["rounds"]),) * 2 and screen.lines == []
     assert shown_report["objective"] == quiet_report["objective"]

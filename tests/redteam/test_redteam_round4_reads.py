@@ -79,8 +79,8 @@ READERS = {
     **{f"symfusion.pipeline.report.{f}": (_PACKAGE, "test_every_reader_has_a_case") for f in
        ("results:read_paper_table", "registry:experiments")},
     **{f: (_PACKAGE, "test_every_reader_has_a_case") for f in (
-        "symfusion.pipeline.config:group_names", "symfusion.pipeline.config:profile_sources",
-        "symfusion.presets.__init__:preset_names", "symfusion.io.provenance:cpu_model")},
+        "symfusion.pipeline.config:profile_sources", "symfusion.io.provenance:cpu_model",
+        "symfusion.presets.catalog:names", "symfusion.presets.catalog:read")},   # catalog: every preset and conf group
     "symfusion.symmetry:load": (_MODEL, "test_every_reader_has_a_case"),
     **{f: (_DATA, "test_every_reader_has_a_case") for f in (
         "symfusion.pipeline.data.hub:load_hub_images", "symfusion.pipeline.data.standins.__init__:_check_output",
