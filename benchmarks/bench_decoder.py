@@ -34,7 +34,7 @@ from symfusion.arch import layout_of
 from symfusion.matching import match_models
 from symfusion.matching.permutation import ffn_cross, max_assignment
 from symfusion.measures import distance
-from symfusion.io.sharded import INDEX, ShardWriter
+from symfusion.alignment.sharded import INDEX, ShardWriter
 from symfusion.symmetry import apply_transform, random_transform
 
 CASES = {

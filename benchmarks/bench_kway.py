@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 import symfusion
 from symfusion.arch import layout_of
-from symfusion.io.loaded import tied
+from symfusion.alignment.loaded import tied
 from symfusion.io.modelio import load_model
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.pipeline.config import load_group

@@ -8,7 +8,7 @@ def __getattr__(name: str):
     """symfusion.align (api.align) and symfusion.align_many (many.align_many) are imported on first use, so that the
     command-line stages start fast."""
     if name == "align":
-        return importlib.import_module("symfusion.api").align
+        return importlib.import_module("symfusion.alignment.api").align
     if name == "align_many":
         return importlib.import_module("symfusion.many").align_many
     raise AttributeError(f"module 'symfusion' has no attribute {name!r}")

@@ -32,12 +32,12 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of
 from symfusion.errors import SymfusionError, as_symfusion_error, erase_progress, progress_shown
 from symfusion.families import check_compatible
-from symfusion.io.checks import tolerance_for
-from symfusion.io.loaded import check_same_body, holding, output_change, tied
+from symfusion.alignment.checks import tolerance_for
+from symfusion.alignment.loaded import check_same_body, holding, output_change, tied
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model, write_json
 from symfusion.io.outputs import folder_marker, safe_output
 from symfusion.io.provenance import provenance
-from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
 from symfusion.measures import tied_names

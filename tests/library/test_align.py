@@ -11,7 +11,7 @@ from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import match_models
 from symfusion.measures import distance, model_outputs, probe_inputs
-from symfusion.io.sharded import ShardWriter, ShardedFolder, data_order, match_folders
+from symfusion.alignment.sharded import ShardWriter, ShardedFolder, data_order, match_folders
 from symfusion.symmetry import apply_transform, random_transform
 from tiny_decoders import tiny_decoder
 

@@ -9,7 +9,7 @@ import torch
 import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.io.loaded import tied
+from symfusion.alignment.loaded import tied
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.universe import align_states, spread
 from symfusion.measures import distance, parameter_distance, tied_names

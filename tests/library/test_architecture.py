@@ -12,11 +12,13 @@ PACKAGE = SRC / "symfusion"
 # Layers from the bottom up, read off the folder tree: a module belongs to the deepest entry listed here that contains
 # it (so a new module needs no entry), and may import only from its own layer or a lower one. The library is
 # everything outside pipeline/ (its core: families, arch, stream, symmetry, matching/, fusion/, measures,
-# interpolation, presets, errors; io/: model folders on disk; api: symfusion.align); the pipeline sits above it.
+# interpolation, presets, errors; io/: model folders on disk, below matching/; alignment/: symfusion.align and the
+# folder-streamed matching); the pipeline sits above it.
 LAYERS = [
     ("library", ["symfusion"]),
-    ("library: model folders", ["symfusion.io"]),
-    ("library: align()", ["symfusion.api", "symfusion.many"]),
+    ("library: model folders", ["symfusion.io"]),           # storage only: below matching/ and fusion/
+    ("library: matching and fusion", ["symfusion.matching", "symfusion.fusion"]),
+    ("library: align()", ["symfusion.alignment", "symfusion.many"]),
     ("pipeline plumbing", ["symfusion.pipeline"]),        # config, warm, allocator, revisions, training, packing, ...
     ("data sources", ["symfusion.pipeline.data"]),
     ("tasks", ["symfusion.pipeline.tasks"]),
@@ -239,7 +241,7 @@ def prose_paths() -> list[str]:
 
 def test_the_architecture_page_names_only_paths_that_exist():
     named = layout_paths()
-    assert len(named) > 40 and "src/symfusion/io/sharded.py" in named      # the tree was read, folders joined
+    assert len(named) > 40 and "src/symfusion/alignment/sharded.py" in named      # the tree was read, folders joined
     missing = [p for p in named if not (ROOT / p).exists()]
     assert missing == [], f"docs/architecture.md's Layout names what is not there: {missing}"
     prose = prose_paths()

@@ -1,6 +1,6 @@
 """measures.max_output_change and measures.model_outputs on known outputs: the largest deviation whatever its sign,
 and padded positions left out (issue 59: a signed maximum, or padded positions kept, passed every other test); the
-folders' measure (io.checks.whole_model_change) likewise."""
+folders' measure (alignment.checks.whole_model_change) likewise."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from symfusion.io.checks import whole_model_change
+from symfusion.alignment.checks import whole_model_change
 from symfusion.measures import max_output_change, model_outputs, probe_inputs
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model

@@ -13,7 +13,7 @@ import torch
 import symfusion
 from symfusion import errors
 from symfusion.errors import PROGRESS_VARIABLE, SymfusionError, erase_progress, steps
-from symfusion.io import sharded, sharded_whole
+from symfusion.alignment import sharded, sharded_whole
 from terminal import shown, terminal_stderr
 from tiny_decoders import tiny_decoder
 from tiny_models import tiny_model

@@ -13,7 +13,7 @@ import pytest
 
 from symfusion import errors
 from symfusion.errors import PROGRESS_VARIABLE, SymfusionError
-from symfusion.io import sharded
+from symfusion.alignment import sharded
 from symfusion.pipeline import cli
 from hostile import COMMANDS, build_world
 from terminal import terminal_stderr

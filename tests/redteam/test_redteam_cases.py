@@ -17,10 +17,10 @@ import torch
 import transformers as tf
 
 import symfusion
-from symfusion.io import checks, sharded
+from symfusion.alignment import checks, sharded
 from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
-from symfusion.io.sharded import ShardedFolder
+from symfusion.alignment.sharded import ShardedFolder
 from hostile import assert_refused, leftovers, outcome, snapshot
 from tiny_decoders import tiny_decoder
 from tiny_models import randomize, tiny_model

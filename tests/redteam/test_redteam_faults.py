@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import symfusion
-from symfusion.io import outputs, sharded
+from symfusion.alignment import sharded
+from symfusion.io import outputs
 from symfusion.pipeline import cli
 from symfusion.io.outputs import foreign_entry
 from hostile import assert_refused, leftovers, outcome, snapshot

@@ -125,7 +125,7 @@ def test_harmless_changes_give_a_correct_result_or_one_line(models, tmp_path, mu
             assert_refused(code, text, tmp_path, before, out, name)
             continue
         assert code in ("ok", 0), (name, text[-1500:])
-        dtypes = {k: v.dtype for k, v in symfusion.io.sharded.ShardedFolder(source).meta_state().items()}
-        assert {k: v.dtype for k, v in symfusion.io.sharded.ShardedFolder(out).meta_state().items()} == dtypes
+        dtypes = {k: v.dtype for k, v in symfusion.alignment.sharded.ShardedFolder(source).meta_state().items()}
+        assert {k: v.dtype for k, v in symfusion.alignment.sharded.ShardedFolder(out).meta_state().items()} == dtypes
         report = json.loads((out / "match.json").read_text())
         assert report.get("relative_output_change", report.get("max_block_relative_output_change")) < 1e-3

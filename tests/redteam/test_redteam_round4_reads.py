@@ -60,9 +60,9 @@ READERS = {
     **{f"symfusion.io.modelio:{f}": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base") for f in
        ("_from_pretrained", "check_claims", "check_model_folder", "load_config", "copy_auxiliary_files")},
     "symfusion.io.modelio:_tokenizer": (_MODEL, "test_a_tokenizer_reaches_nothing_outside_its_folder"),
-    "symfusion.io.checks:whole_model_change": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
-    "symfusion.io.sharded:data_order": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
-    "symfusion.io.sharded:handle": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
+    "symfusion.alignment.checks:whole_model_change": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
+    "symfusion.alignment.sharded:data_order": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
+    "symfusion.alignment.sharded:handle": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
     "symfusion.pipeline.basemodels:safetensors_weights": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
     "symfusion.pipeline.stages.statistics:_open_statistics": ("a statistics file given to a merge",
                                                               "test_results_readers_never_wait_on_special_files"),

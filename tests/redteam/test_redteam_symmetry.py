@@ -146,7 +146,7 @@ def refusal_reason(family: str, name: str, kind: str, source: torch.nn.Module) -
 
 def test_a_classifier_has_no_tied_lm_head_whatever_its_config_says():
     """A GPT-2 classifier's config says tie_word_embeddings=True (GPT-2's default) but it has no lm_head: a streamed
-    folder (io/sharded_whole.py reads `tied` from the config) refused residual=orthogonal for "its lm_head is tied"
+    folder (alignment/sharded_whole.py reads `tied` from the config) refused residual=orthogonal for "its lm_head is tied"
     until the red team's folder check required such a pair to be matched (issue 59)."""
     for labels, tied_final in ((3, False), (None, True)):         # a classifier; the LM whose head is tied
         source = model("gpt2", 1, labels=labels)
@@ -190,7 +190,7 @@ def test_unusual_modules_are_matched_or_refused_truly(family):
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_unusual_folders_are_matched_or_refused_truly(family, in_memory, tmp_path):
     """Folders (every family: DeBERTa-v2's and ViT's match through folders too), streamed layer by layer
-    (io/sharded_whole.py) and, as align() does for a small pair by default, loaded whole (io/loaded.py)."""
+    (alignment/sharded_whole.py) and, as align() does for a small pair by default, loaded whole (alignment/loaded.py)."""
     for name in FOLDER_VARIANTS:
         pair = VARIANTS[name](family) if name in VARIANTS else (model(family, 1), model(family, 0))
         if pair is None:

@@ -1,1 +1,1 @@
-"""Model folders on disk: resolving their files, strict loading and saving, layer-by-layer matching of sharded folders, safe outputs and the marked bookkeeping files beside them."""
+"""Model folders on disk, storage only: resolving their files, strict loading and saving, safe outputs and the marked bookkeeping files beside them (nothing here imports matching/)."""

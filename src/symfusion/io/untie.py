@@ -5,7 +5,7 @@ lm_head W starts as a copy of E: the same function, now a standard untied model 
 (config.tie_word_embeddings=false, lm_head.weight saved), which transformers and mergekit load as any other. Its
 final norm then folds into W alone, so every orthogonal map of the residual stream keeps its function
 (stream.py), where the tie allows only signed permutations: matching.untie=true aligns a tied source so
-(io/loaded.py), and a merge or a path between a tied and an untied model unties the tied one
+(alignment/loaded.py), and a merge or a path between a tied and an untied model unties the tied one
 (pipeline/stages/common.py, load_models).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.io.modelio import write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
-from symfusion.io.loaded import check_same_body
+from symfusion.alignment.loaded import check_same_body
 from symfusion.pipeline.stages.common import load_models
 from symfusion.symmetry import apply_transform
 

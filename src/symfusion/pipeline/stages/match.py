@@ -1,7 +1,7 @@
 """The match stage (symfusion-match): align() on two model folders, the library's one matching path, with the command's provenance and, for the data-driven variants, its task's batches."""
 from __future__ import annotations
 
-from symfusion.api import align
+from symfusion.alignment.api import align
 from symfusion.io.folder import weight_map
 from symfusion.io.modelio import load_config, model_class, skeleton_of
 from symfusion.io.provenance import provenance

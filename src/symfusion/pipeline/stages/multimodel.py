@@ -22,8 +22,8 @@ from symfusion.measures import distance
 from symfusion.io.modelio import copy_auxiliary_files, write_json
 from symfusion.io.outputs import file_marker, folder_marker, safe_output, writing_together
 from symfusion.io.provenance import provenance
-from symfusion.io.rewrite import as_stored, plan_like, write_like
-from symfusion.io.checks import tolerance_for
+from symfusion.alignment.rewrite import as_stored, plan_like, write_like
+from symfusion.alignment.checks import tolerance_for
 from symfusion.pipeline.stages.common import check_function_preserved, load_models
 from symfusion.symmetry import apply_transform
 

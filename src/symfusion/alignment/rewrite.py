@@ -18,10 +18,10 @@ from typing import Mapping
 import torch
 from transformers.core_model_loading import revert_weight_conversion
 
-from symfusion.io.checks import stored_in
+from symfusion.alignment.checks import stored_in
 from symfusion.io.folder import INDEX, model_file
 from symfusion.io.modelio import copy_auxiliary_files
-from symfusion.io.sharded import ShardWriter, ShardedFolder, check_shard_names
+from symfusion.alignment.sharded import ShardWriter, ShardedFolder, check_shard_names
 
 # Files copied as they are from the source folder beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")

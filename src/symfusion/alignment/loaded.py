@@ -20,10 +20,10 @@ import torch
 from symfusion.arch import check_finite, check_same_layout, layout_of, resolve_layers
 from symfusion.errors import SymfusionError
 from symfusion.families import check_compatible, family_spec
-from symfusion.io.checks import check_outputs_finite, tolerance_for
+from symfusion.alignment.checks import check_outputs_finite, tolerance_for
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
 from symfusion.io.batches import check_batches
-from symfusion.io.rewrite import as_stored, plan_like, write_like
+from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.io.untie import untie_pair
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.matching.compose import StageClock

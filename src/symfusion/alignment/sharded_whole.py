@@ -29,8 +29,9 @@ from symfusion.matching.pairs import distance_of, paper_lower_bound, parts
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import first_map, untouched_cross
 from symfusion.matching.whole import CHOICE_TOL, choose, summary
-from symfusion.io.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
-from symfusion.io.sharded import ShardedFolder, _layer_prefix, distance_pairs, finish_folder, open_pair, open_writers
+from symfusion.alignment.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
+from symfusion.alignment.sharded import (ShardedFolder, distance_pairs, finish_folder, layer_prefix, open_pair,
+                                         open_writers)
 from symfusion.measures import SquaredDistances, distance_fields
 from symfusion.stream import (StreamLayout, comparable, fold_norms, foldable, rotate_stream, stream_layout,
                               unfold_norms)
@@ -52,7 +53,7 @@ class _Pair:
         self.outside = self._read(self.outside_keys)
 
     def layer_keys(self, i: int) -> list[str]:
-        prefix = _layer_prefix(self.layout, i)
+        prefix = layer_prefix(self.layout, i)
         return list(dict.fromkeys(self.layout.stored_keys(self.layout.layer_keys(i))
                                   + [k for k in self.src.weight_map if k.startswith(prefix)]))
 
@@ -163,7 +164,7 @@ def match_folders_whole(source: str | Path, anchor: str | Path, output: str | Pa
         before.add(layout.canonical(stored_source), anchors)
         after.add(layout.canonical(stored), anchors)
         if i is not None:
-            deviations[i] = checker.deviation(_layer_prefix(layout, i), stored_source, stored, r)
+            deviations[i] = checker.deviation(layer_prefix(layout, i), stored_source, stored, r)
             if not deviations[i] <= tolerance:                                   # NaN fails too
                 raise SymfusionError(f"layer {i}: the matched block changes the source block's output by "
                                      f"{deviations[i]:.3g} relative (> {tolerance:.3g}); not writing {output}. "

@@ -7,10 +7,10 @@
 - Two save_pretrained folders: output=DIR is required; the matched folder is written atomically,
   keeping the source's shard layout, index, key names and dtypes, so transformers, mergekit or FusionBench
   read it as a normal folder; `matched` is the output path. Block matchings go layer by layer from
-  memory-mapped shards (io/sharded.py: any model size, each block checked, and the whole model's outputs when
-  it is small); the whole-group variants likewise (io/sharded_whole.py) unless the pair fits in memory
-  (in_memory=None: both under io.checks.WHOLE_MODEL_CHECK_BYTES in float32), where they run as for two
-  nn.Modules (io/loaded.py); the variants that run the models load both (on `data`, or refine=synthetic on its own
+  memory-mapped shards (alignment/sharded.py: any model size, each block checked, and the whole model's outputs when
+  it is small); the whole-group variants likewise (alignment/sharded_whole.py) unless the pair fits in memory
+  (in_memory=None: both under alignment.checks.WHOLE_MODEL_CHECK_BYTES in float32), where they run as for two
+  nn.Modules (alignment/loaded.py); the variants that run the models load both (on `data`, or refine=synthetic on its own
   inputs).
 symfusion-match is this function on folders. The report is one format for every entry (a folder's match.json):
 the matching, the parameters' distance before and after (total and by module type; tied tensors once), the
@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, erase_progress, progress_shown
-from symfusion.io.checks import WHOLE_MODEL_CHECK_BYTES
-from symfusion.io.loaded import match_folders_in_memory, match_modules
+from symfusion.alignment.checks import WHOLE_MODEL_CHECK_BYTES
+from symfusion.alignment.loaded import match_folders_in_memory, match_modules
 from symfusion.io.modelio import write_json
 from symfusion.io.outputs import folder_marker, safe_output
 from symfusion.io.provenance import provenance
-from symfusion.io.sharded import ShardedFolder, match_folders
-from symfusion.io.sharded_whole import match_folders_whole
+from symfusion.alignment.sharded import ShardedFolder, match_folders
+from symfusion.alignment.sharded_whole import match_folders_whole
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.presets import preset_names
 

@@ -10,7 +10,7 @@ transformers, mergekit or any safetensors reader loads it like the source.
 
 A folder is read under the model's own tensor names (transformers renames some families' tensors
 between files and model: ViT) and written back under the files' names. Each matched layer is checked
-on its own, and the whole model when it is small (io/checks.py); the distances are the parameters'
+on its own, and the whole model when it is small (alignment/checks.py); the distances are the parameters'
 (measures.SquaredDistances: every tensor, tied ones once, summed in the model's order).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from symfusion.io.folder import INDEX, first_line, model_file, weight_map
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.compose import StageClock
 from symfusion.measures import SquaredDistances, compared_keys, distance_fields
-from symfusion.io.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
+from symfusion.alignment.checks import BlockCheck, check_whole_model, stored_in, tolerance_for
 from symfusion.io.modelio import check_fits_config, copy_auxiliary_files, load_config, model_class, skeleton_of
 from symfusion.symmetry import Transform, apply_transform
 
@@ -227,7 +227,7 @@ def check_writable_layout(source: ShardedFolder, anchor_meta: Mapping[str, torch
                                  f"{tuple(anchor_meta[key].shape)}); they are not models of one architecture")
 
 
-def _layer_prefix(layout: ModelLayout, index: int) -> str:
+def layer_prefix(layout: ModelLayout, index: int) -> str:
     """The state-dict prefix of layer `index` ("model.layers.3."), from its output map's key."""
     key = layout.layers[index].attention.output.weight
     marker = f".{index}."
@@ -279,7 +279,7 @@ def match_folders(
             after.add(layout.canonical(stored), layout.canonical(a_all))
         del a_layer, a_all                                                   # memory: one layer's tensors at a time
         with clock("check"):
-            deviations[i] = checker.deviation(_layer_prefix(layout, i), s_layer, stored)
+            deviations[i] = checker.deviation(layer_prefix(layout, i), s_layer, stored)
         if not deviations[i] <= tolerance:                                 # NaN fails too
             _abort(writers)
             raise SymfusionError(
@@ -314,7 +314,7 @@ def match_folders(
 
 def layer_keys(folder: ShardedFolder, layout: ModelLayout, i: int) -> list[str]:
     """Every stored tensor of layer i: its maps (a fused GPT-2 c_attn once), norms and biases."""
-    prefix = _layer_prefix(layout, i)
+    prefix = layer_prefix(layout, i)
     return list(dict.fromkeys(layout.stored_keys(layout.layer_keys(i)) + [k for k in folder.weight_map
                                                                            if k.startswith(prefix)]))
 
