@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 import symfusion
 from symfusion.arch import layout_of
-from symfusion.alignment.loaded import tied
+from symfusion.io.untie import is_tied
 from symfusion.io.modelio import load_model
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.pipeline.config import load_group
@@ -117,7 +117,7 @@ def main() -> None:
     pairwise_seconds, pairwise_cpu, anchor, pairwise_folded = [], [], [states[0]], []
     for i in range(1, k):
         start, cpu = time.perf_counter(), time.process_time()
-        result = match_models(states[i], states[0], layout, full, tied=tied(models[0]))
+        result = match_models(states[i], states[0], layout, full, tied=is_tied(models[0]))
         pairwise_seconds.append(time.perf_counter() - start)
         pairwise_cpu.append(time.process_time() - cpu)
         anchor.append(apply_transform(states[i], layout, result.transform))

@@ -158,6 +158,22 @@ def steps(items, what: str, unit: str = "step", total: int | None = None):
             bar.close()
 
 
+@contextmanager
+def library_call(progress: bool | None):
+    """A library entry's block (align(), align_many()): progress as `progress` says (progress_shown); an error raised
+    inside leaves as one SymfusionError line (as_symfusion_error: the system's errors, no space left, ...), its bars
+    erased first; anything it does not translate leaves as it came."""
+    try:
+        with progress_shown(progress):
+            yield
+    except BaseException as error:      # noqa: BLE001 - the system's errors become one line
+        erase_progress()                # the bars go before the error is said
+        translated = as_symfusion_error(error) if isinstance(error, Exception) else None
+        if translated is None or translated is error:
+            raise
+        raise translated from error
+
+
 def erase_progress() -> None:
     """Erase every bar still drawn (the CLIs, align() and align_many() call it before a refusal's one line)."""
     for entry in reversed(_OPEN):

@@ -30,13 +30,14 @@ from pathlib import Path
 import torch
 
 from symfusion.arch import check_finite, check_same_layout, layout_of
-from symfusion.errors import SymfusionError, as_symfusion_error, erase_progress, progress_shown
+from symfusion.errors import SymfusionError, library_call
 from symfusion.families import check_compatible
 from symfusion.alignment.checks import tolerance_for
-from symfusion.alignment.loaded import check_same_body, holding, output_change, tied
+from symfusion.alignment.loaded import check_same_body, holding, output_change
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model, write_json
 from symfusion.io.outputs import folder_marker, safe_output
 from symfusion.io.provenance import provenance
+from symfusion.io.untie import is_tied
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
@@ -63,18 +64,11 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     says; it never changes the result)."""
     config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress)
     name = matching if isinstance(matching, str) else None
-    try:
-        with progress_shown(progress):
-            if isinstance(models[0], torch.nn.Module):
-                return _align_modules(list(models), config, name, max_relative_output_change, max_rounds)
-            return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
-                                  max_rounds)
-    except BaseException as error:      # noqa: BLE001 - the system's errors (no space left, ...) become one line
-        erase_progress()                # the bars go before the error is said
-        translated = as_symfusion_error(error) if isinstance(error, Exception) else None
-        if translated is None or translated is error:
-            raise
-        raise translated from error
+    with library_call(progress):
+        if isinstance(models[0], torch.nn.Module):
+            return _align_modules(list(models), config, name, max_relative_output_change, max_rounds)
+        return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
+                              max_rounds)
 
 
 def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int):
@@ -95,7 +89,7 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
     keys = floating_keys(states[0], skip=ties)
     modes = [(m, m.training) for model in models for m in model.modules()]
     try:
-        universe = align_states(states, layout, config, keys=keys, tied=tied(models[0]), max_rounds=max_rounds)
+        universe = align_states(states, layout, config, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds)
         aligned, checks = [], []
         for model, state, transform in zip(models, universe.aligned, universe.transforms):
             matched, check = _checked(model, state, transform, layout, tolerance)

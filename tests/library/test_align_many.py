@@ -9,7 +9,7 @@ import torch
 import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.alignment.loaded import tied
+from symfusion.io.untie import is_tied
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.matching.universe import align_states, spread
 from symfusion.measures import distance, parameter_distance, tied_names
@@ -79,7 +79,7 @@ def test_two_models_are_at_least_as_close_as_the_pairwise_solve():
     most the pairwise solve's."""
     a, b = (build("dec", "gpt2", {}, dtype=torch.float32, seed=s) for s in (1, 2))
     layout = layout_of(a.config, a.state_dict())
-    pairwise = match_models(b.state_dict(), a.state_dict(), layout, "full_symmetry", tied=tied(a)).residual
+    pairwise = match_models(b.state_dict(), a.state_dict(), layout, "full_symmetry", tied=is_tied(a)).residual
     aligned, many = symfusion.align_many([a, b], max_rounds=3)
     descent = pairwise["starts"][0]["folded_distance"]                      # the pairwise solve's descent
     assert many["gauge"] == "folded"

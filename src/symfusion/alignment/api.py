@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from symfusion.errors import NOTES, SymfusionError, as_symfusion_error, erase_progress, progress_shown
+from symfusion.errors import NOTES, SymfusionError, library_call
 from symfusion.alignment.checks import WHOLE_MODEL_CHECK_BYTES
 from symfusion.alignment.loaded import match_folders_in_memory, match_modules
 from symfusion.io.modelio import write_json
@@ -68,16 +68,9 @@ def align(source, anchor, matching: MatchConfig | str = "rotation", output: str 
         raise SymfusionError(f"this matching {config.reads}, no data: leave data out, or choose one that reads it "
                              "(full_symmetry_learned)")
     name = matching if isinstance(matching, str) else preset_of(config)
-    try:
-        with progress_shown(progress):
-            return _align(source, anchor, config, name, output, layers, last_layers, max_relative_output_change, data,
-                          in_memory, record)
-    except BaseException as error:      # noqa: BLE001 - the system's errors (no space left, ...) become one line
-        erase_progress()                # the bars go before the error is said
-        translated = as_symfusion_error(error) if isinstance(error, Exception) else None
-        if translated is None or translated is error:
-            raise
-        raise translated from error
+    with library_call(progress):
+        return _align(source, anchor, config, name, output, layers, last_layers, max_relative_output_change, data,
+                      in_memory, record)
 
 
 def _align(source, anchor, config: MatchConfig, name, output, layers, last_layers, tolerance: float, data, in_memory,

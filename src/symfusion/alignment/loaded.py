@@ -24,18 +24,11 @@ from symfusion.alignment.checks import check_outputs_finite, tolerance_for
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model
 from symfusion.io.batches import check_batches
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
-from symfusion.io.untie import untie_pair
+from symfusion.io.untie import is_tied, untie_pair
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.matching.compose import StageClock
 from symfusion.measures import distance_fields, model_outputs, parameter_distance, probe_inputs
 from symfusion.symmetry import apply_transform
-
-
-def tied(model: torch.nn.Module) -> bool:
-    """Whether the module's output embeddings are its input embeddings (one parameter)."""
-    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    weight = getattr(head, "weight", None)
-    return weight is not None and weight is getattr(embeddings, "weight", None)
 
 
 def output_change(model: torch.nn.Module, other: torch.nn.Module) -> float:
@@ -69,7 +62,7 @@ def _match(source: torch.nn.Module, anchor: torch.nn.Module, config: MatchConfig
         check_batches(data, source)            # ids and labels the model reads, before it runs (one line)
     match_data = MatchData(copy.deepcopy(source).float(), list(data or [])) if data or config.runs_models else None
     result = match_models(state, anchor_state, layout, config, layers=layers, last_layers=last_layers, data=match_data,
-                          tied=tied(source))
+                          tied=is_tied(source))
     moved = apply_transform(state, layout, result.transform)
     return layout, result, moved, time.perf_counter() - start
 
