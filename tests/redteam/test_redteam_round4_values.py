@@ -23,10 +23,25 @@ from omegaconf import OmegaConf
 
 from symfusion.errors import SymfusionError
 from symfusion.pipeline import cli
+from symfusion.io import batches
+from symfusion.matching import MatchConfig
+from symfusion.pipeline.data.images import split_image_arrays
+from symfusion.pipeline.data.text.lm import seeded_rows
+from symfusion.pipeline.data.text.splits import _apply_limit
+from symfusion.pipeline.report.barriers import barrier_rows
+from symfusion.pipeline.report.effects import accuracy_effect, agreement, paired
+from symfusion.pipeline.report.registry import experiment
+from symfusion.pipeline.report.results import csv_text
+from symfusion.pipeline.uncertainty import METRICS, MIN_EXAMPLES, TOO_FEW, paired_effect, resamples, scores
 from symfusion.pipeline.config import (_PARSER, check_values, command_line_first, compose_config, given_options, group_names,
                                        load_group, text_override, texts_of)
 from symfusion.pipeline.tasks import TASK_KINDS, sized_task
 from hostile import assert_refused, outcome, snapshot
+from test_language_report import eval_file
+from test_report_figures import barrier_result
+from test_vision_stages import merged_evaluation_files
+from tiny_decoders import tiny_decoder
+from tiny_models import randomize
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "symfusion"
 
@@ -131,18 +146,15 @@ def test_a_bad_limit_is_refused_for_every_task_kind(kind, tmp_path):
 
 
 def _image_limit(limit):
-    from symfusion.pipeline.data.images import split_image_arrays
     images, labels = np.zeros((40, 1, 2, 2), np.float32), np.arange(40) % 4
     return split_image_arrays({"train": (images, labels)}, limit=limit)
 
 
 def _text_limit(limit):
-    from symfusion.pipeline.data.text.splits import _apply_limit
     return _apply_limit({"train": [{"x": i} for i in range(10)], "validation": [], "test": []}, limit, 0)
 
 
 def _block_limit(limit):
-    from symfusion.pipeline.data.text.lm import seeded_rows
     return seeded_rows(10, limit["train"], 0)
 
 
@@ -242,14 +254,12 @@ def better_and_worse(metric: str, n: int) -> tuple[dict, dict]:
 
 
 def test_every_metric_has_a_case():
-    from symfusion.pipeline.uncertainty import METRICS
     for metric in METRICS:
         better_and_worse(metric, 3)
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "loss", "macro_f1", "mcc", "pearson_spearman", "span_f1"])
 def test_an_effect_over_too_few_examples_is_not_judged(metric):
-    from symfusion.pipeline.uncertainty import MIN_EXAMPLES, TOO_FEW, paired_effect
     expected = "hurts" if metric == "loss" else "helps"        # lower is better for a loss: `with` is lower
     for n in range(1, MIN_EXAMPLES):
         with_, without = better_and_worse(metric, n)
@@ -261,7 +271,6 @@ def test_an_effect_over_too_few_examples_is_not_judged(metric):
 
 def test_one_example_reaches_the_table_as_too_few(tmp_path):
     """The named instance: a table's effect over one test example (a zero-width interval) is not "helps"."""
-    from symfusion.pipeline.report.effects import accuracy_effect, agreement
     with_ = {"p": {"results": [{"task": "digits", "per_example": {"correct": [1]}}]}}
     without = {"p": {"results": [{"task": "digits", "per_example": {"correct": [0]}}]}}
     found = accuracy_effect(with_, without)
@@ -270,9 +279,6 @@ def test_one_example_reaches_the_table_as_too_few(tmp_path):
 
 
 def test_the_barrier_change_over_too_few_examples_is_not_judged(tmp_path):
-    from test_report_figures import barrier_result
-    from symfusion.pipeline.report.barriers import barrier_rows
-    from symfusion.pipeline.report.registry import experiment
     paths = []
     for seed, (matching, bump) in enumerate((("none", 1.0), ("rotation", 0.2), ("attn_only", 0.9))):
         path, data = barrier_result(tmp_path, matching, tmp_path / "matched" / matching, bump=bump, seed=seed)
@@ -290,7 +296,6 @@ BAD_IDS = [1.5, -1, True, None, "2", float("nan")]
 @pytest.mark.parametrize("metric", ["macro_f1", "mcc"])
 @pytest.mark.parametrize("key", ["prediction", "reference"])
 def test_class_ids_are_checked_before_a_table_is_built(metric, key):
-    from symfusion.pipeline.report.effects import paired
     for bad in BAD_IDS:
         good = {"prediction": [0, 1, 2, 1, 0, 2], "reference": [0, 1, 2, 2, 0, 1]}
         wrong = {**good, key: good[key][:-1] + [bad]}
@@ -300,7 +305,6 @@ def test_class_ids_are_checked_before_a_table_is_built(metric, key):
 
 def test_a_huge_class_id_is_read_as_the_class_it_names():
     """10^12 is a class id like 2 (both metrics ignore classes never seen): the same scores, exactly, at once."""
-    from symfusion.pipeline.uncertainty import resamples, scores
     small = {"prediction": [0, 1, 2, 1, 0, 2, 2, 1], "reference": [0, 1, 2, 2, 0, 1, 2, 0]}
     huge = {k: [10**12 if v == 2 else v for v in values] for k, values in small.items()}
     index = resamples(8, "t")
@@ -309,7 +313,6 @@ def test_a_huge_class_id_is_read_as_the_class_it_names():
 
 
 def test_a_table_with_a_fractional_prediction_is_refused_in_one_line(tmp_path):
-    from test_language_report import eval_file
     c = "text_classification"
     paths = [eval_file(tmp_path, "eval/b-onto-a/none/simple.json", "simple", "none", [("a", c, 0.4)]),
              eval_file(tmp_path, "eval/b-onto-a/attn_only_no_rescale/simple.json", "simple", "attn_only_no_rescale",
@@ -342,7 +345,6 @@ def test_every_csv_writer_is_the_checked_one():
 
 @pytest.mark.parametrize("formula", FORMULAS)
 def test_no_text_reaches_a_csv_cell_as_a_formula(formula):
-    from symfusion.pipeline.report.results import csv_text
     with pytest.raises(SymfusionError, match="formula"):
         csv_text([{"model": "a", "effect": 1.0}, {"model": formula, "effect": -2.5}])
     with pytest.raises(SymfusionError, match="formula"):
@@ -355,8 +357,6 @@ def test_no_text_reaches_a_csv_cell_as_a_formula(formula):
 def test_an_unknown_method_is_refused_by_every_table_reader(method, tmp_path):
     """Artefacts that read evaluations refuse a method symfusion lacks (results.check_inputs, which run_report calls
     for every registry entry before its writer reads anything)."""
-    from test_language_report import eval_file
-    from test_vision_stages import merged_evaluation_files
     c = "text_classification"
     language = [eval_file(tmp_path, "eval/b-onto-a/none/simple.json", method, "none", [("a", c, 0.4)])]
     vision = merged_evaluation_files(tmp_path / "v", {"none": 0.5}) if (tmp_path / "v").mkdir() is None else []
@@ -384,7 +384,6 @@ NO_RESCALE = "attn_only_no_rescale"          # rotates heads, scales nothing: th
 def overflowing_pair(dtype):
     """A float16 source whose value maps hold +-60000 in one input column: rotating a head's rows gives entries up
     to 60000 sqrt(d) (1.1e5 here), past float16's 65504; the anchor is an ordinary model."""
-    from tiny_decoders import tiny_decoder
     source, anchor = tiny_decoder("llama", seed=1, dtype=dtype), tiny_decoder("llama", seed=0, dtype=dtype)
     with torch.no_grad():
         value = source.model.layers[0].self_attn.v_proj.weight
@@ -461,7 +460,6 @@ LEARNED = dict(attention="rotation", rescale=True, ffn="permutation", heads=True
 
 
 def test_every_key_a_batch_holds_has_a_case():
-    from symfusion.io import batches
     keys = set(ast.literal_eval(n.value) for n in ast.walk(ast.parse(Path(batches.__file__).read_text()))
                if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "batch"
                for n in [n.slice] if isinstance(n, ast.Constant))
@@ -472,8 +470,6 @@ def test_every_key_a_batch_holds_has_a_case():
 @pytest.fixture(scope="module")
 def pairs():
     import transformers as tf
-    from tiny_decoders import tiny_decoder
-    from tiny_models import randomize
     vit = tf.ViTConfig(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16,
                        num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
     return {"text": (tiny_decoder("llama", seed=1), tiny_decoder("llama", seed=0)),
@@ -486,7 +482,6 @@ CASES8 = [(key, i) for key, batches in BAD_BATCHES.items() for i in range(len(ba
 @pytest.mark.parametrize("key,i", CASES8, ids=[f"{k}-{i}" for k, i in CASES8])
 def test_align_data_is_checked_in_one_line(pairs, key, i):
     import symfusion
-    from symfusion.matching import MatchConfig
     batch = BAD_BATCHES[key][i]
     source, anchor = pairs["image" if "pixel_values" in batch else "text"]
     code, text = outcome(lambda: symfusion.align(source, anchor, matching=MatchConfig(**LEARNED), data=[batch]))
@@ -496,7 +491,6 @@ def test_align_data_is_checked_in_one_line(pairs, key, i):
 
 def test_good_data_is_read(pairs):
     import symfusion
-    from symfusion.matching import MatchConfig
     source, anchor = pairs["text"]
     ignored = IDS.clone()
     ignored[:, 0] = -100                                   # transformers' ignored label is a label too
