@@ -12,6 +12,10 @@ the pairwise solver measures: folded for the whole group, whose aligned models a
 gains; as stored for a block-only matching), why the alternation stopped (a fixed point, J settled, or the round cap),
 the pairwise distances before and after in that gauge, each model's functional checks, the seconds, and the k
 transforms (model i -> the shared basis).
+With a refine=loss matching (full_symmetry_learned) and data=[batches], the universe is then refined: all k maps
+learned jointly on the loss of mixtures over the simplex (matching/universe_learned.py); the report's `refine` says
+how (steps, points, the centroid's loss before and after on the first batches, kept: refined | universe) and the
+transforms are the refined ones (the objective and distances stay the data-free universe's).
 Folders are read as align() reads them (io/modelio.load_model: safetensors only, every tensor of the config present,
 shaped and finite; the bodies of one shape) and loaded whole; output=DIR then receives, atomically, model_0 ..
 model_{k-1}, each written as align() writes a matched folder (the source's shards, index, key names and dtypes,
@@ -22,9 +26,10 @@ function on folders.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -41,6 +46,7 @@ from symfusion.io.untie import is_tied
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
+from symfusion.matching.universe_learned import refine_universe
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
 
@@ -53,25 +59,27 @@ WRITER = "symfusion-align-many / align_many()"
 
 def align_many(models, matching: MatchConfig | str = "full_symmetry", output=None,
                max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS,
-               progress: bool | None = None):
+               progress: bool | None = None, data: list[dict] | None = None):
     """Move k >= 2 models of one family and shapes into one shared basis; returns (aligned, report).
 
     models: nn.Modules (aligned: k new modules) or model folders (output=DIR is required; aligned: the k folders
     written, DIR/model_0 ..). matching: a data-free matching preset or MatchConfig (full_symmetry, the default; any
-    variant without data: rotation, git_rebasin, ...), the pairwise solver of each step.
+    variant without data: rotation, git_rebasin, ...), the pairwise solver of each step; or a whole-group preset with
+    refine=loss (full_symmetry_learned) and data=[batches of model inputs, with labels]: the data-free universe, then
+    the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py).
     max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
     left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
     says; it never changes the result)."""
-    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress)
+    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress, data)
     name = matching if isinstance(matching, str) else None
     with library_call(progress):
         if isinstance(models[0], torch.nn.Module):
-            return _align_modules(list(models), config, name, max_relative_output_change, max_rounds)
+            return _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data)
         return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
-                              max_rounds)
+                              max_rounds, data)
 
 
-def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int):
+def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int, data=None):
     """align_many() of nn.Modules, its arguments checked: (the aligned modules, the report)."""
     for i, model in enumerate(models[1:], 1):
         check_compatible(models[0].config, model.config, "model 0", f"model {i}")
@@ -89,9 +97,15 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
     keys = floating_keys(states[0], skip=ties)
     modes = [(m, m.training) for model in models for m in model.modules()]
     try:
-        universe = align_states(states, layout, config, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds)
+        start = dataclasses.replace(config, refine="none")                   # the data-free universe first
+        universe = align_states(states, layout, start, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds)
+        transforms, aligned_states, refine = universe.transforms, universe.aligned, None
+        if config.refine == "loss":
+            transforms, refine = refine_universe(states, layout, config, transforms, copy.deepcopy(models[0]),
+                                                 list(data), tied=is_tied(models[0]))
+            aligned_states = [apply_transform(s, layout, t) for s, t in zip(states, transforms)]
         aligned, checks = [], []
-        for model, state, transform in zip(models, universe.aligned, universe.transforms):
+        for model, state, transform in zip(models, aligned_states, transforms):
             matched, check = _checked(model, state, transform, layout, tolerance)
             aligned.append(matched)
             checks.append(check)
@@ -104,11 +118,12 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
         "rounds": universe.rounds, "converged": universe.converged, "stop": universe.stop, "max_rounds": max_rounds,
         "pairwise_distance_before": universe.distances_before, "pairwise_distance_after": universe.distances_after,
         "checks": checks, "seconds": universe.seconds, "start_cpu_seconds": universe.start_cpu_seconds,
-        "cpu_seconds": universe.cpu_seconds,
-        "transforms": universe.transforms}
+        "cpu_seconds": universe.cpu_seconds, "refine": refine,
+        "transforms": transforms}
 
 
-def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, tolerance: float, max_rounds: int):
+def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, tolerance: float, max_rounds: int,
+                   data=None):
     """align_many() of model folders, its arguments checked: each read as align() reads a model, then written as
     output/model_i (the source's layout and dtypes, checked as written) beside many.json; (the k folders, report)."""
     start = time.perf_counter()
@@ -125,7 +140,7 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
         check_same_body(models[0], model, paths[0], path)
     # a new folder, or a previous output of align_many; never an input
     with safe_output(output, WRITER, MANY_FOLDER, inputs=paths, is_dir=True) as claim:
-        aligned, report = _align_modules(models, config, name, tolerance, max_rounds)
+        aligned, report = _align_modules(models, config, name, tolerance, max_rounds, data)
         with claim.writing() as tmp:
             for i, (path, model, moved) in enumerate(zip(paths, models, aligned)):
                 report["checks"][i]["as_written"] = _write_like(path, model, moved.state_dict(), tmp / f"model_{i}",
@@ -158,7 +173,7 @@ def _write_like(source: Path, model: torch.nn.Module, moved: dict, target: Path,
     return {"relative_output_change": change, "tolerance": limit}
 
 
-def _check_arguments(models, matching, output, tolerance, max_rounds, progress) -> MatchConfig:
+def _check_arguments(models, matching, output, tolerance, max_rounds, progress, data) -> MatchConfig:
     """align_many()'s arguments, each of its type (one SymfusionError line naming the first that is not)."""
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
         raise SymfusionError(f"align_many(): models must be a list of nn.Modules or of model folders, got "
@@ -187,10 +202,21 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress) 
         raise SymfusionError(f"align_many(): max_rounds must be an integer >= 0, got {max_rounds!r}")
     if progress is not None and not isinstance(progress, bool):
         raise SymfusionError(f"align_many(): progress must be True, False or None, got {progress!r}")
+    if data is not None and (not isinstance(data, (list, tuple)) or not all(isinstance(b, Mapping) for b in data)):
+        raise SymfusionError(f"align_many(): data must be a list of batches (dicts of model inputs) or None, got "
+                             f"{type(data).__name__}")
     config = matching_config(matching) if isinstance(matching, str) else matching
-    if config.needs_data or config.runs_models:
-        raise SymfusionError(f"align_many(): matching {matching if isinstance(matching, str) else 'given'} reads data "
-                             "or runs the models; the k-way alignment is data-free for now (full_symmetry, ...)")
+    given = matching if isinstance(matching, str) else "given"
+    if config.residual_solve != "weights" or config.refine == "synthetic":
+        raise SymfusionError(f"align_many(): matching {given} starts from activations or runs the models on inputs it "
+                             "makes; the k-way start is data-free (full_symmetry), its learned form reads data "
+                             "(full_symmetry_learned with data=...)")
+    if config.refine == "loss" and not data:
+        raise SymfusionError(f"align_many(): matching {given} learns on the loss of mixtures: give data=[batches of "
+                             "model inputs, with labels]")
+    if data and config.refine != "loss":      # it would be unread
+        raise SymfusionError(f"align_many(): matching {given} reads the weights only, no data: leave data out, or "
+                             "choose full_symmetry_learned")
     if config.untie:
         raise SymfusionError("align_many(): matching.untie=true is pairwise only for now (align()); align k models "
                              "kept tied, or untie them first")

@@ -124,7 +124,7 @@ def test_a_permutation_only_universe_keeps_the_function():
     (lambda: [build("enc", "vit", {}, seed=1), "folder"], {}, "all nn.Modules or all model folders"),
     (lambda: [build("enc", "vit", {}, seed=1), build("enc", "bert", {}, seed=2)], {}, "vit"),
     (lambda: [build("enc", "vit", {}, seed=1), build("enc", "vit", {"intermediate_size": 41}, seed=2)], {}, "37"),
-    (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "full_symmetry_learned"}, "data-free"),
+    (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "full_symmetry_learned"}, "give data="),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "no_such"}, "no_such"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"output": "/tmp/x"}, "output= is for model folders"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"max_rounds": -1}, "max_rounds"),

@@ -99,6 +99,7 @@ def bad_calls(folders: list[Path], world: Path, out: Path) -> dict:
         "cli: no output": cli(a, b),
         "cli: rounds": cli(a, b, "--output", str(out), "--max-rounds", "many"),
         "cli: matching": cli(a, b, "--output", str(out), "--matching", "no_such"),
+        "cli: learned, no data": cli(a, b, "--output", str(out), "--matching", "full_symmetry_learned"),
     }
 
 
