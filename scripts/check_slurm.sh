@@ -8,7 +8,8 @@
 # rehearsal profile); the artefacts both runs made are compared.
 #
 #   bash scripts/check_slurm.sh [PROFILE] [--results DIR] [--figures DIR] [--reference DIR]
-#                               [--reference-figures DIR] [--tolerance X] [--skip-rules RULE,...] [TARGET ...]
+#                               [--reference-figures DIR] [--tolerance X] [--skip-rules RULE,...] [--prefill]
+#                               [TARGET ...]
 #
 # PROFILE: conf/profile/PROFILE.yaml (default smoke). The run writes to DIR/PROFILE of --results and --figures
 # (default ci_slurm/results and ci_slurm/figures; they must not hold a run of PROFILE yet), its logs to ci_slurm/.
@@ -17,6 +18,10 @@
 # TARGETs (default: the profile's whole DAG) make it a slice: an experiment of conf/experiments.yaml by name (its
 # table or figure) or a file by its path inside the run's results/PROFILE folder. Every rule but `all` and those of
 # --skip-rules must still have a job in the slice (a rule that waits for the whole DAG, `report`, cannot).
+# --prefill: copy (never move) into the run's folders the reference's outputs of every job of the slice but those
+# that give each of those rules one job through SLURM (scripts/check_slurm_prefill.py: the targets' jobs, one job
+# of every rule chosen by the local run's job times, and whatever Snakemake reruns with them), with their
+# modification times, so that only these run through SLURM; the reference must be a complete run of this checkout.
 # A cluster this script starts is stopped at the end; one already running is left running.
 #
 # What the test cluster needs beyond a real cluster's is set here, not in the profile: its partitions and
@@ -27,7 +32,7 @@ cd "$(dirname "$0")/.."
 
 error() { echo "error: $*" >&2; exit 1; }
 
-profile="" out=ci_slurm results="" figures="" reference="" reference_figures="" tolerance="" skip_rules=""
+profile="" out=ci_slurm results="" figures="" reference="" reference_figures="" tolerance="" skip_rules="" prefill=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,12 +43,15 @@ while [ $# -gt 0 ]; do
         --reference-figures) reference_figures=$2 ;; --tolerance) tolerance=$2 ;; --skip-rules) skip_rules=$2 ;;
       esac
       shift 2 ;;
+    --prefill) prefill=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     -*) error "unknown option $1 (see: bash scripts/check_slurm.sh --help)" ;;
     *) if [ -z "$profile" ]; then profile=$1; else targets+=("$1"); fi; shift ;;
   esac
 done
 profile=${profile:-smoke}
+[ "$prefill" = 0 ] || [ ${#targets[@]} -gt 0 ] \
+  || error "--prefill needs TARGETs: the whole DAG's tables are the targets' own (they would be copies)"
 [ -f "conf/profile/$profile.yaml" ] || error "no pipeline profile '$profile' (conf/profile/$profile.yaml)"
 results=${results:-$out/results}
 figures=${figures:-$out/figures}
@@ -128,10 +136,17 @@ mapfile -t target_files < <(tail -n +2 <<<"$resolved" | sed '/^$/d')
 [ -n "$only" ] || [ ${#target_files[@]} -gt 0 ] \
   || error "nothing to compare: the targets name no experiment that $reference holds"
 
+run=(--workflow-profile workflow/profiles/slurm "${target_files[@]}"
+     --config profile="$profile" results_dir="$results" figures_dir="$figures")
+if [ "$prefill" = 1 ]; then
+  snakemake -n "${run[@]}" > "$out/dry_run.log" 2>&1 || { tail -40 "$out/dry_run.log" >&2; error "snakemake -n failed"; }
+  python scripts/check_slurm_prefill.py "$out/dry_run.log" "$results/$profile" "$figures/$profile" \
+    "$reference" "$reference_figures" "$required_rules" "${target_files[@]}"
+fi
+
 echo "check_slurm: running profile '$profile' through workflow/profiles/slurm (log: $out/snakemake.log)"
 begin=$(date +%s)
-if ! snakemake --workflow-profile workflow/profiles/slurm "${target_files[@]}" \
-     --config profile="$profile" results_dir="$results" figures_dir="$figures" \
+if ! snakemake "${run[@]}" \
      --slurm-status-command squeue --slurm-init-seconds-before-status-checks 1 \
      --slurm-logdir "$out/slurm_logs" > "$out/snakemake.log" 2>&1; then
   tail -40 "$out/snakemake.log" >&2

@@ -1,0 +1,131 @@
+"""scripts/check_slurm_prefill.py: which jobs of a slice run through SLURM, and the copies of the others' outputs."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_slurm_prefill.py"
+spec = importlib.util.spec_from_file_location("check_slurm_prefill", SCRIPT)
+prefill = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prefill)
+
+# A dry run's blocks as Snakemake 9 writes them: data -> train (two models) -> statistics (a temp() file, gone from
+# the local run) -> merge -> table (the target); train -> evaluate (not needed by the target, cheap or dear).
+JOBS = [  # (jobid, rule, inputs, outputs)
+    ("1", "data", [], ["R/data/a.json"]),
+    ("2", "train", ["R/data/a.json"], ["R/models/m0"]),
+    ("3", "train", ["R/data/a.json"], ["R/models/m1"]),
+    ("4", "statistics", ["R/models/m0"], ["R/statistics/m0.safetensors"]),
+    ("5", "merge", ["R/models/m0", "R/models/m1", "R/statistics/m0.safetensors"], ["R/eval/merge.json"]),
+    ("6", "evaluate", ["R/models/m0"], ["R/eval/end/m0.json"]),
+    ("7", "evaluate", ["R/models/m1"], ["R/eval/end/m1.json"]),
+    ("8", "table", ["R/eval/merge.json", "R/eval/end/m0.json", "R/eval/end/m1.json"], ["R/table.csv", "F/fig.csv"]),
+]
+SECONDS = {"1": 1, "2": 50, "3": 5, "4": 3, "5": 4, "6": 2, "7": 1, "8": 1}
+
+
+def dry_run(run: Path, figures: Path) -> str:
+    blocks = []
+    for jobid, rule, inputs, outputs in JOBS:
+        def real(path):
+            return str(run / path[2:]) if path.startswith("R/") else str(figures / path[2:])
+        lines = ["[Sun Nov 29 09:30:39 2026]", f"rule {rule}:"]
+        if inputs:
+            lines.append("    input: " + ", ".join(real(p) for p in inputs))
+        lines += ["    output: " + ", ".join(real(p) for p in outputs),
+                  f"    log: {run}/logs/{jobid}.log", f"    jobid: {jobid}",
+                  f"    benchmark: {run}/benchmarks/{jobid}.tsv", "    reason: Missing output files: x",
+                  "    resources: tmpdir=/tmp", ""]
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks) + "\nJob stats:\n"
+
+
+@pytest.fixture
+def local(tmp_path):
+    """The local run: every output but the temp() statistics file, each with a distinct old time."""
+    reference, reference_figures = tmp_path / "local" / "results", tmp_path / "local" / "figures"
+    stamp = 1_700_000_000
+    for jobid, _, _, outputs in JOBS:
+        for path in outputs:
+            if "statistics" in path:
+                continue
+            target = (reference if path.startswith("R/") else reference_figures) / path[2:]
+            if "models/" in path:
+                target.mkdir(parents=True)
+                (target / "model.safetensors").write_bytes(b"weights of " + path.encode())
+                (target / ".snakemake_timestamp").touch()
+                for inner in target.iterdir():
+                    os.utime(inner, (stamp, stamp))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(f"numbers of {path}\n")
+            os.utime(target, (stamp, stamp))
+            stamp += 10
+        bench = reference / "benchmarks" / f"{jobid}.tsv"
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text(f"s\th:m:s\n{SECONDS[jobid]}\t0:00:01\n")
+    return reference, reference_figures
+
+
+def fill(tmp_path, local, rules, targets=("R/table.csv", "F/fig.csv")):
+    reference, reference_figures = local
+    run, figures = tmp_path / "slurm" / "results", tmp_path / "slurm" / "figures"
+    log = tmp_path / "dry_run.log"
+    log.write_text(dry_run(run, figures))
+    real = [str(run / t[2:]) if t.startswith("R/") else str(figures / t[2:]) for t in targets]
+    code = prefill.main([str(log), str(run), str(figures), str(reference), str(reference_figures), rules, *real])
+    return code, run, figures
+
+
+def test_jobs_kept(tmp_path, local):
+    """The target's job, its producers of files the local run no longer holds, one job per rule (the cheapest
+    with what it drags along), and everything downstream of a kept job."""
+    jobs = prefill.dry_run_jobs(dry_run(Path("R"), Path("F")))
+    assert [jobs[j]["rule"] for j in sorted(jobs)] == [job[1] for job in JOBS]
+    assert jobs["5"]["input"] == ["R/models/m0", "R/models/m1", "R/statistics/m0.safetensors"]
+    held = {p for _, _, _, outputs in JOBS for p in outputs if "statistics" not in p}
+    cost = {jobid: float(s) for jobid, s in SECONDS.items()}
+    targets = {"R/table.csv"}
+    # The target's job needs merge (downstream of the temp file's producer): table, merge, statistics.
+    assert prefill.choose(jobs, ["table", "merge", "statistics"], targets, held, cost) == {"8", "5", "4"}
+    # evaluate: job 7 (1 s) rather than 6 (2 s); train: job 3 (5 s, with 7 and merge) rather than 2 (50 s).
+    assert prefill.choose(jobs, ["table", "evaluate", "train"], targets, held, cost) == {"8", "5", "4", "7", "3"}
+    # data: every job downstream of it.
+    assert prefill.choose(jobs, ["data"], targets, held, cost) == set(jobs)
+    # Had the local run kept the temp file, the target alone runs.
+    assert prefill.choose(jobs, ["table"], targets, held | {"R/statistics/m0.safetensors"}, cost) == {"8"}
+
+
+def test_copies(tmp_path, local, capsys):
+    """The others' outputs copied with their bytes and times, directories whole; the kept jobs' outputs absent;
+    the local run untouched."""
+    reference, reference_figures = local
+    before = {p: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+              for p in sorted(tmp_path.joinpath("local").rglob("*"))}
+    code, run, figures = fill(tmp_path, local, "table,evaluate,train")
+    assert code == 0
+    assert ("pre-filled 3 outputs of 3 of the slice's 8 jobs" in (out := capsys.readouterr().out)
+            and "5 jobs to run through SLURM" in out and "evaluate 1, merge 1, statistics 1, table 1, train 1" in out)
+    for copied in ("data/a.json", "models/m0", "models/m0/model.safetensors", "models/m0/.snakemake_timestamp",
+                   "eval/end/m0.json"):
+        assert (run / copied).stat().st_mtime_ns == (reference / copied).stat().st_mtime_ns, copied
+        if (run / copied).is_file():
+            assert (run / copied).read_bytes() == (reference / copied).read_bytes()
+    for kept in ("models/m1", "statistics/m0.safetensors", "eval/merge.json", "eval/end/m1.json", "table.csv"):
+        assert not (run / kept).exists(), kept
+    assert not (figures / "fig.csv").exists() and not (run / "benchmarks").exists()
+    after = {p: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+             for p in sorted(tmp_path.joinpath("local").rglob("*"))}
+    assert after == before
+
+
+def test_refusals(tmp_path, local):
+    """A run folder that exists already, or a rule the slice has no job of: an error, nothing copied."""
+    (tmp_path / "slurm" / "results").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="exists: the pre-fill writes only into a fresh run folder"):
+        fill(tmp_path, local, "table")
+    (tmp_path / "slurm" / "results").rmdir()
+    with pytest.raises(SystemExit, match="no job of rule.s. layer_sweep"):
+        fill(tmp_path, local, "table,layer_sweep")
+    assert not (tmp_path / "slurm" / "results").exists()
