@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
 done
 profile=${profile:-smoke}
 [ "$prefill" = 0 ] || [ ${#targets[@]} -gt 0 ] \
-  || error "--prefill needs TARGETs: the whole DAG's tables are the targets' own (they would be copies)"
+  || error "--prefill needs TARGETs (a slice): without them the tables compared would be copies of the reference's"
 [ -f "conf/profile/$profile.yaml" ] || error "no pipeline profile '$profile' (conf/profile/$profile.yaml)"
 results=${results:-$out/results}
 figures=${figures:-$out/figures}
