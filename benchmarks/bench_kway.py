@@ -9,15 +9,20 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
     perm         the universe (symfusion.align_many) over permutations only: heads, FFN neurons and a (signed)
                  permutation of the residual stream, the same alternation (MergeMany-like)
     universe     the universe over the whole group, data-free (align_many, matching="full_symmetry")
+  with --learned (the training split's statistic batches, as symfusion-match reads them for full_symmetry_learned):
+    anchor_learned  each model onto model 0 by pairwise full_symmetry_learned (align() with data)
+    learned      the universe, then the learned k-way refinement of all k maps on the loss of mixtures over the
+                 simplex (align_many, matching="full_symmetry_learned", data=...; matching/universe_learned.py)
 beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
 per round (in the folded gauge the whole-group solver measures), why it stopped, and its CPU seconds against k
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
 pairwise solve: the folded distance and the Simple (midpoint) merge.
-    python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4]
+    python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4] [--learned]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -94,6 +99,56 @@ def pair_check(models, states, pair_state, pair_distance, task, args) -> dict:
                          "objective": two_report["objective"], "seconds": two_report["cpu_seconds"]}}
 
 
+def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
+    """The learned rows into `ways` (states, report) and their all-in CPU seconds into `cpu_of`: anchor_learned
+    (pairwise full_symmetry_learned of each model onto model 0) unless --no-anchor-learned, and learned (align_many
+    with full_symmetry_learned: the universe, then the k-way refinement), both refine_steps=--learned-steps on
+    --data-batches training batches."""
+    data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
+    learned = dataclasses.replace(matching_config("full_symmetry_learned"), refine_steps=args.learned_steps)
+    if not args.no_anchor_learned:
+        cpu, moved = time.process_time(), [states[0]]
+        for model in models[1:]:
+            matched, _ = symfusion.align(model, models[0], matching=learned, data=data)
+            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
+        cpu_of["anchor_learned"], ways["anchor_learned"] = time.process_time() - cpu, (moved, None)
+        print(f"anchor_learned: {cpu_of['anchor_learned']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
+    cpu = time.process_time()
+    aligned, report = symfusion.align_many(models, matching=learned, max_rounds=args.max_rounds, data=data)
+    cpu_of["learned"], ways["learned"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
+    print(f"learned ({args.learned_steps} steps, {len(data)} batches): {cpu_of['learned']:.1f} CPU s (data-free start "
+          f"{report['cpu_seconds']:.1f}); refine: {json.dumps(report['refine'])}", flush=True)
+
+
+def learned_only(args, models, states, task, work) -> None:
+    """--learned-only: the learned rows alone (the others: a full run of this benchmark), their centroid on the whole
+    test split and simplex barrier as main() measures them."""
+    k, ways, cpu_of = len(models), {}, {}
+    learned_ways(args, models, states, task, ways, cpu_of)
+    grid = simplex_grid(k, args.grid)
+    ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
+    rows = {}
+    for name, (aligned, report) in ways.items():
+        rows[name] = {"centroid": evaluate(work, mixture(aligned, [1 / k] * k), task),
+                      "barrier": barrier(work, aligned, ends_subset, task, grid, args.examples),
+                      "cpu_seconds": cpu_of[name], "refine": None if report is None else report["refine"],
+                      "checks": None if report is None else [c["relative_output_change_float64"]
+                                                             for c in report["checks"]]}
+        print(name, json.dumps(rows[name]), flush=True)
+    print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; {args.learned_steps} refine steps on "
+          f"{args.data_batches} training batches; the barrier over {len(grid)} simplex points on {args.examples} test "
+          f"images; the centroid on all 10,000\n")
+    print("| models into one basis | centroid accuracy % | centroid loss | simplex barrier | CPU s (all-in) |")
+    print("|---|---|---|---|---|")
+    for name, row in rows.items():
+        print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+              f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "steps": args.learned_steps,
+                                        "batches": args.data_batches}, indent=1))
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,6 +160,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--skip-k2", action="store_true", help="leave out the k = 2 comparison with the pairwise solve")
     parser.add_argument("--timing-only", action="store_true", help="only the solves' seconds (wall and CPU), no evaluation")
+    parser.add_argument("--learned", action="store_true", help="also the learned rows (anchor_learned, learned)")
+    parser.add_argument("--learned-steps", type=int, default=200, help="refine_steps of the learned rows")
+    parser.add_argument("--data-batches", type=int, default=200, help="training batches the learned rows read")
+    parser.add_argument("--learned-only", action="store_true", help="only the learned rows (and their evaluation)")
+    parser.add_argument("--no-anchor-learned", action="store_true", help="leave out the anchor_learned row")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = [load_model(str(args.models / n)).eval() for n in args.names]
@@ -113,6 +173,8 @@ def main() -> None:
     task = make_task("fashion_mnist", load_group("profile", "mini"))
     work = load_model(str(args.models / args.names[0])).eval()
     k, full = len(models), matching_config("full_symmetry")
+    if args.learned_only:
+        return learned_only(args, models, states, task, work)
 
     pairwise_seconds, pairwise_cpu, anchor, pairwise_folded = [], [], [states[0]], []
     for i in range(1, k):
@@ -128,6 +190,8 @@ def main() -> None:
         aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
         cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
+    if args.learned:
+        learned_ways(args, models, states, task, ways, cpu_of)
     one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
     per_round = ", ".join(f"{r['cpu_seconds']:.1f}" for r in universe["rounds"])
     print(f"{cpu_name()}, 1 thread: one pairwise full_symmetry solve {one:.2f} CPU s (mean of {len(pairwise_cpu)}; "
@@ -154,7 +218,8 @@ def main() -> None:
                       "converged": None if report is None else report["converged"],
                       "seconds": None if report is None else report["cpu_seconds"],
                       "stop": None if report is None else report["stop"],
-                      "checks": None if report is None else [c["relative_output_change_float64"] for c in report["checks"]]}
+                      "checks": None if report is None else [c["relative_output_change_float64"] for c in report["checks"]],
+                      "refine": None if report is None else report.get("refine")}
         print(name, json.dumps(rows[name]), flush=True)
     best = max(ends_full, key=lambda r: r["accuracy"])
     logit = ensemble(models, task)
@@ -170,6 +235,7 @@ def main() -> None:
         objective = "" if row["objective"] is None else f"{row['objective'][0]:.1f} -> {row['objective'][-1]:.1f}"
         rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1} ({row['stop']})"
         seconds = f"{sum(pairwise_cpu):.1f} ({k - 1} pairwise)" if name == "anchor" else \
+            f"{cpu_of[name]:.1f} (all-in)" if name in ("anchor_learned", "learned") else \
             ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
         print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")
