@@ -16,7 +16,7 @@ import transformers as tf
 from symfusion.pipeline import cli
 from symfusion.arch import layout_of
 from symfusion.io.modelio import load_model, load_tokenizer
-from symfusion.pipeline.basemodels import gguf_llama_config, resolve_base
+from symfusion.pipeline.basemodels import gguf_llama_config, gguf_name_maps_once, resolve_base
 from symfusion.matching import match_models
 from symfusion.measures import distance
 from symfusion.symmetry import LayerTransform, Transform, apply_transform, plane_rotations, random_transform
@@ -39,8 +39,9 @@ def smollm2():
     folder = smollm2_folder()
     tf.utils.logging.disable_progress_bar()
     config = gguf_llama_config(folder / GGUF_FILE)
-    model = tf.AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=GGUF_FILE, config=config,
-                                                    dtype=torch.float32).eval()
+    with gguf_name_maps_once():                 # transformers' GGUF loader itself, each name map built once
+        model = tf.AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=GGUF_FILE, config=config,
+                                                        dtype=torch.float32).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_FILE)
     texts = [tokenizer(text, return_tensors="pt") for text in TEXTS]
     return model, tokenizer, texts

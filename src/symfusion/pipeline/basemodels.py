@@ -15,6 +15,8 @@ so a Hub revision that holds only pytorch_model.bin is refused after the downloa
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -134,6 +136,21 @@ def gguf_llama_config(path: Path):
         architectures=["LlamaForCausalLM"])
 
 
+@contextlib.contextmanager
+def gguf_name_maps_once():
+    """Within the block, gguf's tensor-name map of an (architecture, number of layers) is built once: transformers'
+    GGUF loader builds it anew for every module of the model (397 times for SmolLM2, about 15 s of its 35) and only
+    reads it."""
+    import gguf
+
+    built = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(built)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = built
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -172,8 +189,9 @@ def gguf_folder(spec: str, cache_dir: str | Path) -> Path:
     tmp = marked_folder(target.parent, f".{target.name}.tmp-{HOST}-{os.getpid()}-")
     try:
         config = gguf_llama_config(path)
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=name, config=config, dtype=torch.float32, local_files_only=True)
+        with gguf_name_maps_once():
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=name, config=config, dtype=torch.float32, local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=name, local_files_only=True)
         model = transformers.LlamaForCausalLM(config)      # transformers refuses to save a GGUF-loaded model itself
         model.load_state_dict(loaded.state_dict())
@@ -226,5 +244,5 @@ def resolve_base_model(spec: str, cache_dir: str | Path = ".cache/symfusion/mode
     return Path(resolve_base(spec, revision=revision, cache_dir=cache_dir).folder)
 
 
-__all__ = ["BaseModel", "HUB_PATTERNS", "gguf_folder", "hub_folder", "package_folder", "resolve_base", "resolve_base_model",
+__all__ = ["BaseModel", "HUB_PATTERNS", "gguf_folder", "gguf_name_maps_once", "hub_folder", "package_folder", "resolve_base", "resolve_base_model",
            "safetensors_weights"]
