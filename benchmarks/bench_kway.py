@@ -113,6 +113,8 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
             moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
         cpu_of["anchor_learned"], ways["anchor_learned"] = time.process_time() - cpu, (moved, None)
         print(f"anchor_learned: {cpu_of['anchor_learned']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
+    if args.no_kway_learned:
+        return
     cpu = time.process_time()
     aligned, report = symfusion.align_many(models, matching=learned, max_rounds=args.max_rounds, data=data)
     cpu_of["learned"], ways["learned"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
@@ -165,6 +167,7 @@ def main() -> None:
     parser.add_argument("--data-batches", type=int, default=200, help="training batches the learned rows read")
     parser.add_argument("--learned-only", action="store_true", help="only the learned rows (and their evaluation)")
     parser.add_argument("--no-anchor-learned", action="store_true", help="leave out the anchor_learned row")
+    parser.add_argument("--no-kway-learned", action="store_true", help="leave out the learned (k-way) row")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = [load_model(str(args.models / n)).eval() for n in args.names]
