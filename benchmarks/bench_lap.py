@@ -1,6 +1,7 @@
 """Exact linear-assignment solvers on this project's FFN cost matrices at 7B sizes: time, optimum, agreement.
 
     python benchmarks/bench_lap.py [--sizes 11008,14336] [--cache DIR] [--repeat 1]
+    python benchmarks/bench_lap.py --planted vit-paper roberta-base
 
 The cost matrix is matching/permutation.py's FFN cross product C = W_i1 W_i2^T + W_g1 W_g2^T + W_o1^T W_o2 of
 two unrelated random SwiGLU layers of Llama shapes (hidden 4096; FFN 11008: Llama-2-7B, 14336: Llama-3-8B),
@@ -10,6 +11,11 @@ on the same matrices: `lap` and `lapx` both install the module `lap`, so run the
 Every solver found is timed on each matrix; its optimum must equal the first solver's to float64 rounding
 (the assignment may differ only where ties leave the optimum unchanged). The table also gives each time as
 a multiple of a float32 2048^3 GEMM on one thread (the calibration of benchmarks/bench_pipeline.py).
+
+--planted CASE...: instead, every layer's FFN cost matrix of bench_matching's planted pair of that shape (the paper's
+ViT, roberta-base: the assignments `rotation` solves there, in float32 as permutation.py hands them to the solver),
+each solver's seconds summed over the layers, the layers where its optimum differs from the first solver's, and those
+where its assignment does (ties included: a solver that breaks ties otherwise would change the matching's result).
 """
 from __future__ import annotations
 
@@ -64,6 +70,12 @@ def solvers() -> dict:
     except ImportError:
         pass
     try:
+        import fastlap
+        version = importlib.metadata.version("fastlap")
+        found[f"fastlap {version} linear_sum_assignment"] = lambda c: fastlap.linear_sum_assignment(c, maximize=True)[1]
+    except ImportError:
+        pass
+    try:
         import lapjv
         version = importlib.metadata.version("lapjv")
         found[f"lapjv {version} (float64)"] = lambda c: lapjv.lapjv(-c, force_doubles=True)[0]
@@ -86,10 +98,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="11008,14336")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--cache", type=Path, default=Path("benchmarks/out/lap"))
+    parser.add_argument("--planted", nargs="*", help="bench_matching cases: their layers' FFN cost matrices instead")
     args = parser.parse_args()
     found = solvers()
     cal = calibration_seconds()
     print(f"calibration: float32 2048^3 GEMM {cal * 1000:.0f} ms ({2 * 2048**3 / cal / 1e9:.0f} GFLOP/s)\n")
+    if args.planted:
+        planted(args.planted, found)
+        return
     print("| n | solver | seconds | x calibration | optimum | same optimum as first |")
     print("|---|---|---|---|---|---|")
     for n in (int(s) for s in args.sizes.split(",")):
@@ -105,6 +121,31 @@ def main() -> None:
             same = abs(optimum - reference) <= 1e-9 * abs(reference)
             print(f"| {n} | {name} | {seconds:.1f} | {seconds / cal:.0f}x | {optimum:.6f} | {'yes' if same else 'NO'} |",
                   flush=True)
+
+
+def planted(cases: list[str], found: dict) -> None:
+    """Every solver on every layer's FFN cost matrix of bench_matching's planted pairs; one row per case and solver."""
+    from bench_matching import make_pair                       # torch and the library: only for this mode
+    from symfusion.matching.permutation import ffn_cross
+    print("| case | assignments | solver | seconds, all layers | optimum differs (layers) | assignment differs "
+          "(layers) |\n|---|---|---|---|---|---|")
+    for case in cases:
+        source, anchor, layout = make_pair(case, 0.01)
+        costs = [ffn_cross(source, anchor, block.ffn) for block in layout.layers]
+        rows = {name: [0.0, 0, 0] for name in found}
+        for cost in costs:
+            wide, reference = cost.astype(np.float64), None
+            for name, solve in found.items():
+                start = time.perf_counter()
+                cols = np.asarray(solve(cost if name.startswith("scipy") else wide), dtype=np.int64)
+                rows[name][0] += time.perf_counter() - start
+                optimum = float(wide[np.arange(len(cols)), cols].sum())
+                reference = (optimum, cols) if reference is None else reference
+                rows[name][1] += abs(optimum - reference[0]) > 1e-9 * abs(reference[0])
+                rows[name][2] += not np.array_equal(cols, reference[1])
+        shape = f"{len(costs)} x {costs[0].shape[0]}x{costs[0].shape[1]}"
+        for name, (seconds, optimum, assignment) in rows.items():
+            print(f"| {case} | {shape} | {name} | {seconds:.2f} | {optimum} | {assignment} |", flush=True)
 
 
 if __name__ == "__main__":
