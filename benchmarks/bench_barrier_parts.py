@@ -28,7 +28,7 @@ from symfusion.matching import matching_config
 from symfusion.matching.pairs import layer_prefix
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.tasks import make_task
-from symfusion.presets import match_option
+from symfusion.pipeline.stages.match import Match
 
 TRACKS = {"vit": ("fashion_mnist", 2000), "llama": ("lm_english", None)}
 
@@ -69,8 +69,8 @@ def main() -> None:
         model, source_model = load_model(str(args.models / anc_name)), load_model(str(args.models / src_name))
         anchor = {k: v.detach().clone() for k, v in model.state_dict().items()}
         layout = layout_of(model.config, anchor)
-        data = task.statistic_batches(match_option("data_batches"), str(args.models / src_name),
-                                      match_option("data_split")) if matching_config(args.matching).needs_data else None
+        data = task.statistic_batches(Match.data_batches, str(args.models / src_name),
+                                      Match.data_split) if matching_config(args.matching).needs_data else None
         matched, _ = symfusion.align(source_model, model, matching=args.matching, data=data)    # the one matching path
         moved = matched.state_dict()
         canon_a, canon_m = dict(layout.canonical(anchor)), dict(layout.canonical(moved))

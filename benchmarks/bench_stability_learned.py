@@ -27,7 +27,7 @@ from symfusion.io.modelio import load_model
 from symfusion.matching import matching_config
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.tasks import make_task
-from symfusion.presets import match_option
+from symfusion.pipeline.stages.match import Match
 
 
 def perturbed(state: dict, seed: int | None, eps: float) -> dict:
@@ -68,9 +68,9 @@ def main() -> None:
     parser.add_argument("--matchings", nargs="*", default=["full_symmetry_learned"])
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     parser.add_argument("--eps", type=float, default=1e-7)
-    parser.add_argument("--data-batches", type=int, default=match_option("data_batches"),
+    parser.add_argument("--data-batches", type=int, default=Match.data_batches,
                         help="as symfusion-match data_batches")
-    parser.add_argument("--data-split", default=match_option("data_split"), choices=("train", "validation"),
+    parser.add_argument("--data-split", default=Match.data_split, choices=("train", "validation"),
                         help="as symfusion-match data_split")
     parser.add_argument("--examples", type=int, default=None, help="a seeded subset of the test split (default all)")
     parser.add_argument("--refine-minimax", type=float, nargs="*", default=None,

@@ -9,7 +9,7 @@ mean barrier over the pairs as a percentage of the unmatched models' (both defin
     none, rotation           no matching; the paper's matching
     full_symmetry            the default (matching/whole.py)
     full_symmetry_learned    the learned refinement on it, on the batches symfusion-match reads by default
-                             (presets/match.yaml: data_batches of data_split, the source's own preprocessing)
+                             (symfusion-match's Match declaration: data_batches of data_split, the source's own preprocessing)
     full_symmetry_synthetic  the library's data-free refinement (matching/synthetic.py: distilled on smooth noise)
     full_symmetry_synthetic:refine_group=general,refine_steps=600
                              the same with matching settings overridden (as the learned variant's below; its
@@ -92,7 +92,7 @@ import symfusion.matching.whole as whole
 import symfusion.pipeline.tasks.base as task_base
 from symfusion.arch import layout_of
 from symfusion.pipeline.config import load_group
-from symfusion.presets import match_option
+from symfusion.pipeline.stages.match import Match
 from symfusion.errors import SymfusionError
 from symfusion.families import FAMILIES
 from symfusion.fusion.ot_wts import unit_rows
@@ -550,7 +550,7 @@ def descent_variant(variant: str, layout, task, model_dir, modules, source_dir) 
     elif variant == "first_input_weights":
         patches = [(pairs_module.StatePair, "__init__", first_input_pair(None))]
     elif variant == "first_input_acts":
-        batches = task.statistic_batches(20, source_dir, match_option("data_split"))
+        batches = task.statistic_batches(20, source_dir, Match.data_split)
         sigmas = tuple(input_covariance_from_data(m.eval(), batches) for m in modules)
         patches = [(pairs_module.StatePair, "__init__", first_input_pair(sigmas))]
     elif variant == "anchor_gains":
@@ -607,7 +607,7 @@ def variant_settings(variant: str) -> dict:
 def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, source_dir):
     """The matched source's state for one variant (and the match's residual info); modules: the two loaded models
     (source, anchor), which the learned variants align through the one matching path on the batches
-    symfusion-match reads by default (presets/match.yaml)."""
+    symfusion-match reads by default (its Match declaration)."""
     if variant.endswith("+biases"):
         moved, info = match(variant[:-len("+biases")], source, anchor, layout, tied, task, model_dir, modules, source_dir)
         return anchor_biases(moved, anchor), info
@@ -647,10 +647,10 @@ def match(variant: str, source, anchor, layout, tied, task, model_dir, modules, 
             settings["refine_minimax"] = () if spread == "off" else \
                 tuple(round(0.5 - spread + 2 * spread * i / (n - 1), 10) for i in range(n))
         correlate = settings.pop("ffn_acts", 0)                        # FFN re-matched on this many batches' outputs
-        split = settings.pop("split", match_option("data_split"))       # test: an oracle (the split that scores it)
+        split = settings.pop("split", Match.data_split)       # test: an oracle (the split that scores it)
         if split == "test":
             stack.enter_context(replaced(task_base, "STATISTICS_SPLITS", task_base.STATISTICS_SPLITS + ("test",)))
-        batches = task.statistic_batches(settings.pop("batches", match_option("data_batches")) * joined, source_dir,
+        batches = task.statistic_batches(settings.pop("batches", Match.data_batches) * joined, source_dir,
                                          split)
         if joined > 1:
             batches = [{k: torch.cat([b[k] for b in batches[i:i + joined]]) for k in batches[i]}

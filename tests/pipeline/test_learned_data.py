@@ -1,6 +1,6 @@
 """The learned refinement's data in the pipeline: a task's statistic batches come from its validation or train
 split, never from the test split that scores the merges; symfusion-match reads them as data_split says and its
-matching.refine_* overrides reach the refinement (presets/match.yaml, presets/matching/full_symmetry.yaml)."""
+matching.refine_* overrides reach the refinement (symfusion-match's declaration, presets/matching/full_symmetry.yaml)."""
 import json
 
 import pytest

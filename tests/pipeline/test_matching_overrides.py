@@ -6,12 +6,12 @@ import pytest
 import transformers as tf
 
 from symfusion.pipeline import cli
-from symfusion.pipeline.config import compose_config
+from symfusion.pipeline.command import compose
 from tiny_models import randomize
 
 
 def run(name: str, command, overrides: list[str]):
-    command(compose_config(name, overrides))
+    command(compose(name, overrides))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from symfusion.io.modelio import load_model
 from symfusion.pipeline import cli
-from symfusion.pipeline.config import compose_config
+from symfusion.pipeline.command import compose
 from symfusion.pipeline.stages.evaluate import run_evaluate
 from symfusion.pipeline.report.artefacts import run_report
 from symfusion.pipeline.report.registry import experiment
@@ -22,7 +22,7 @@ TINY_TRAIN = ["task=digits", "task.train.epochs=3", "model=vit_smoke",
 
 
 def config(name: str, overrides: list[str]):
-    return compose_config(name, overrides)
+    return compose(name, overrides)
 
 
 def run(name: str, command, overrides: list[str]):
@@ -151,7 +151,7 @@ def test_bad_inputs_get_one_line_errors_and_no_output(end_models, tmp_path, caps
                         ["task=digits", "fusion=simple", f"output={out}", f"models=[{good},{tmp_path / 'nope'}]"],
                         "does not exist")
     fails_with_one_line(capsys, "merge", cli.merge_command,
-                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good}]"], "at least two")
+                        ["task=digits", "fusion=simple", f"output={out}", f"models=[{good}]"], "must be a list of 2+ items")
     # a model with NaN weights
     nan_dir = tmp_path / "nan"
     nan_dir.mkdir()

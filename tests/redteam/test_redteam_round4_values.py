@@ -1,8 +1,8 @@
 """Red team, issue 55 classes 5, 6 and 8: values keep the type and precedence the user wrote; statistics say when
 there is too little evidence; precision and data given to the API.
 
-Class 5 enumerates every option of every command (conf/<command>.yaml composed) and fails for one without a check
-in cli.CHECKS; every path or name option is given values Hydra reads as another type (1_2, true, 1e3, 0x1F, nan)
+Class 5 enumerates every option of every command (its configuration composed) and fails for one without a check
+in its declaration (CHECKS); every path or name option is given values Hydra reads as another type (1_2, true, 1e3, 0x1F, nan)
 and must keep the text written; every integer option and every task kind's limit is given a negative value and
 must be refused; every profile and every task kind: a task setting given on the command line wins over the
 profile's. Class 6 enumerates the metrics of uncertainty.py and the CSV writers of src/. Class 8 enumerates the
@@ -22,7 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from symfusion.errors import SymfusionError
-from symfusion.pipeline import cli
+from symfusion.pipeline import cli, command
+from symfusion.pipeline.command import checks, compose, names
 from symfusion.io import batches
 from symfusion.matching import MatchConfig
 from symfusion.pipeline.data.images import split_image_arrays
@@ -33,7 +34,7 @@ from symfusion.pipeline.report.effects import accuracy_effect, agreement, paired
 from symfusion.pipeline.report.registry import experiment
 from symfusion.pipeline.report.results import csv_text
 from symfusion.pipeline.uncertainty import METRICS, MIN_EXAMPLES, TOO_FEW, paired_effect, resamples, scores
-from symfusion.pipeline.config import (_PARSER, check_values, command_line_first, compose_config, given_options, group_names,
+from symfusion.pipeline.config import (_PARSER, check_values, command_line_first, given_options, group_names,
                                        load_group, text_override, texts_of)
 from symfusion.pipeline.tasks import TASK_KINDS, sized_task
 from hostile import assert_refused, outcome, snapshot
@@ -51,36 +52,37 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "symfusion"
 RETYPED = ("1_2", "true", "1e3", "0x1F", "nan", "False")
 # options of a command that are config groups or Hydra's own (chosen by name: a conf file, checked when composed)
 GROUPS = {"hydra", "task", "profile", "matching", "fusion", "model"}
+# every command's checks, from its declaration (every stage module imported)
+CHECKS = {name: checks(name) for name in names()}
 
 
 def options(name: str) -> set[str]:
-    return set(compose_config(name, [])) - GROUPS
+    return set(compose(name, [])) - GROUPS
 
 
-@pytest.mark.parametrize("name", sorted(cli.CHECKS))
+@pytest.mark.parametrize("name", sorted(CHECKS))
 def test_every_option_of_every_command_has_a_check(name):
-    checked = {key.split(".")[0] for key in cli.CHECKS[name]}
-    assert options(name) - checked == set(), f"symfusion-{name}: options without a check in cli.CHECKS"
+    checked = {key.split(".")[0] for key in CHECKS[name]}
+    assert options(name) - checked == set(), f"symfusion-{name}: options without a check in its declaration"
 
 
 def test_every_command_is_enumerated():
-    assert sorted(cli.CHECKS) == sorted(cli.COMMANDS)
+    assert sorted(CHECKS) == sorted(command.COMMANDS) and {"data", "match", "merge", "report"} <= set(CHECKS)
 
 
-PATH_KEYS = [(name, key) for name in sorted(cli.CHECKS) for key in sorted(texts_of(cli.CHECKS[name]))]
+PATH_KEYS = [(name, key) for name in sorted(CHECKS) for key in sorted(texts_of(CHECKS[name]))]
 
 
 @pytest.mark.parametrize("name,key", PATH_KEYS, ids=[f"{n}-{k}" for n, k in PATH_KEYS])
 def test_a_path_or_name_keeps_the_text_written(name, key):
     """Every value through the override rewriting; one of them (in turn) through Hydra's whole composition."""
-    listed = cli.CHECKS[name][key].describe.startswith("a list")
+    listed = CHECKS[name][key].describe.startswith("a list")
     for value in RETYPED:
-        override = text_override(f"{key}=[{value},{value}x]" if listed else f"{key}={value}", texts_of(cli.CHECKS[name]))
+        override = text_override(f"{key}=[{value},{value}x]" if listed else f"{key}={value}", texts_of(CHECKS[name]))
         found = _PARSER.parse_override(override).value()
         assert found == ([value, f"{value}x"] if listed else value), override
     value = RETYPED[PATH_KEYS.index((name, key)) % len(RETYPED)]
-    cfg = compose_config(name, [f"{key}=[{value},{value}x]" if listed else f"{key}={value}"],
-                         texts_of(cli.CHECKS[name]))
+    cfg = compose(name, [f"{key}=[{value},{value}x]" if listed else f"{key}={value}"])
     found = OmegaConf.select(cfg, key)
     assert (list(found) if listed else found) == ([value, f"{value}x"] if listed else value)
 
@@ -95,8 +97,8 @@ def test_null_and_quoted_values_stay_as_hydra_reads_them():
 
 def test_the_path_options_are_those_the_commands_read_as_paths():
     """The named instances: every output, model folder and result list is among the text options."""
-    for name, checks in cli.CHECKS.items():
-        assert {"output", "model_dir", "anchor", "source", "models", "inputs"} & set(checks) <= texts_of(checks), name
+    for name, declared in CHECKS.items():
+        assert {"output", "model_dir", "anchor", "source", "models", "inputs"} & set(declared) <= texts_of(declared), name
 
 
 def test_output_1_2_writes_the_path_1_2(tmp_path, monkeypatch):
@@ -112,19 +114,19 @@ def test_an_earlier_number_is_not_a_path(tmp_path):
     """A value that is not text (a YAML number in a profile or a preset) is refused, not turned into a path."""
     cfg = OmegaConf.create({"output": 12})
     with pytest.raises(SymfusionError, match="output=12 must be a path or name"):
-        check_values(cfg, {"output": cli.CHECKS["data"]["output"]})
+        check_values(cfg, {"output": CHECKS["data"]["output"]})
 
 
-INTEGER_CASES = [(name, key) for name in sorted(cli.CHECKS) for key, check in sorted(cli.CHECKS[name].items())
+INTEGER_CASES = [(name, key) for name in sorted(CHECKS) for key, check in sorted(CHECKS[name].items())
                  if check.describe.startswith("an integer")]
 
 
 @pytest.mark.parametrize("name,key", INTEGER_CASES, ids=[f"{n}-{k}" for n, k in INTEGER_CASES])
 def test_a_negative_integer_is_refused_by_every_command(name, key):
     """KEY=-1 as Hydra composes it, against that option's check (the whole command: test_a_bad_limit_... below)."""
-    cfg = compose_config(name, [f"++{key}=-1"], texts_of(cli.CHECKS[name]))      # ++: a key the task may lack
+    cfg = compose(name, [f"++{key}=-1"])      # ++: a key the task may lack
     with pytest.raises(SymfusionError, match=f"^{key}=-1 must be an integer >= "):
-        check_values(cfg, {key: cli.CHECKS[name][key]})
+        check_values(cfg, {key: CHECKS[name][key]})
 
 
 BAD_LIMITS = ["{train: -1}", "{validation: -5}", "{test: 1.5}", "{dev: 3}", "{train: true}"]
@@ -174,11 +176,11 @@ def test_a_negative_limit_is_refused_by_every_reader(kind):
     LIMIT_READERS[kind]({"train": 3})                 # and a good one is read
 
 
-def _with_profile(task: str, profile: str, given: dict, compose: bool = False):
+def _with_profile(task: str, profile: str, given: dict, composed: bool = False):
     """The task as a stage sizes it when the command line gives `given` (dotted task keys -> values)."""
     argv = [f"++task.{k}={json.dumps(v).replace(chr(34), '')}" for k, v in given.items()]   # {train: 3, ...}
-    if compose:                          # the whole command line, as Hydra composes it
-        cfg = compose_config("data", [f"task={task}", f"profile={profile}", *argv], texts_of(cli.CHECKS["data"]))
+    if composed:                         # the whole command line, as Hydra composes it
+        cfg = compose("data", [f"task={task}", f"profile={profile}", *argv])
     else:                                # the same, cheaper: the task's and the profile's yaml, the values set
         cfg = OmegaConf.create({"task": load_group("task", task), "profile": load_group("profile", profile)})
         for key, value in given.items():
@@ -208,14 +210,14 @@ def test_the_command_line_wins_over_every_profile(profile):
 
 def test_the_command_line_wins_through_hydra():
     """The same through the composed command line (the smoke profile shrinks text tasks to 32 training examples)."""
-    assert _with_profile("rt_d0", "smoke", GIVEN, compose=True).limit.train == 3
-    assert _with_profile("rt_d0", "smoke", {}, compose=True).limit.train == 32
+    assert _with_profile("rt_d0", "smoke", GIVEN, composed=True).limit.train == 3
+    assert _with_profile("rt_d0", "smoke", {}, composed=True).limit.train == 32
 
 
 def test_a_setting_the_profiles_sources_decide_is_refused(tmp_path):
     manifest = tmp_path / "sources.json"
     manifest.write_text(json.dumps({"tasks": {"rt_d0": {"source": "standins/rt", "limit": {"train": 8}}}}))
-    cfg = compose_config("data", ["task=rt_d0", "profile=smoke", f"+profile.sources={manifest}"])
+    cfg = compose("data", ["task=rt_d0", "profile=smoke", f"+profile.sources={manifest}"])
     with pytest.raises(SymfusionError, match="task.limit is set by profile smoke's sources"):
         command_line_first(cfg, {"task.limit"})
     command_line_first(cfg, {"task.max_length"})                   # one it does not decide: the command line's
@@ -225,7 +227,7 @@ def test_a_model_setting_the_profiles_sources_decide_is_refused(tmp_path):
     """The manifest's models patch (profile_model) would replace a base model given on the command line silently."""
     manifest = tmp_path / "sources.json"
     manifest.write_text(json.dumps({"models": {"minilm": {"base_model": str(tmp_path / "standin")}}}))
-    cfg = compose_config("train", ["task=rt_d0", "model=minilm", "profile=smoke", f"+profile.sources={manifest}"])
+    cfg = compose("train", ["task=rt_d0", "model=minilm", "profile=smoke", f"+profile.sources={manifest}"])
     with pytest.raises(SymfusionError, match="model.base_model is set by profile smoke's sources"):
         command_line_first(cfg, {"model.base_model"})
     command_line_first(cfg, {"model.tie_word_embeddings"})         # one it does not decide: the command line's

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import io
@@ -28,6 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+
+from symfusion.pipeline.command import declaration
 
 from workflow_copy import scratch_workflow, snakemake, stderr_lines
 
@@ -122,16 +125,14 @@ def conf_exists(group: str, name: str) -> bool:
 
 @lru_cache(maxsize=None)
 def stage_keys(stage: str) -> frozenset[str] | None:
-    """The keys a Hydra stage takes on its command line: its yaml's own (conf/<stage>.yaml; match's is the library's
-    preset, src/symfusion/presets/match.yaml) and its defaults' groups."""
-    path = next((p for p in (ROOT / "conf" / f"{stage}.yaml", ROOT / "src" / "symfusion" / "presets" / f"{stage}.yaml")
-                 if p.is_file()), ROOT / "conf" / f"{stage}.yaml")
-    if not path.is_file():
+    """The keys a stage command takes on its command line: its declaration's options and groups (its stage module,
+    pipeline/stages/<stage>.py); None for a name that is no stage command."""
+    try:
+        declared = declaration(stage)
+    except KeyError:
         return None
-    data = yaml.safe_load(path.read_text()) or {}
-    groups = {key.removeprefix("optional ") for entry in data.get("defaults", []) if isinstance(entry, dict)
-              for key in entry if not key.startswith("override")}             # `optional profile: mini` is a group
-    return frozenset(set(data) - {"defaults", "hydra"} | groups)
+    groups = {group.removeprefix("optional ") for group in declared.groups}     # `optional profile` is a group
+    return frozenset({f.name for f in dataclasses.fields(declared)} | groups)
 
 
 @lru_cache(maxsize=None)
@@ -250,7 +251,7 @@ def hydra_problems(name: str, stage: str, args: list[str]) -> list[str]:
             continue
         head, _, rest = key.partition(".")
         if head not in keys:
-            problems.append(f"{name}: no key {head!r} in conf/{stage}.yaml")
+            problems.append(f"{name}: no key {head!r} in symfusion-{stage}'s declaration")
         elif rest and group_dir(head).is_dir() and rest.split(".")[0] not in group_keys(head):
             problems.append(f"{name}: no key {rest!r} in any {group_dir(head).relative_to(ROOT)}/*.yaml")
     return problems
@@ -415,7 +416,7 @@ def test_a_page_with_one_mistake_of_each_kind_fails_on_each():
     targets: list = []
     problems = page_problems(page, text, targets) + target_problems(targets)
     expected = ["no_such_page.md: no such file", "#no-such-heading", "#nowhere",
-                "symfusion-frobnicate: no such command", "no key 'sauce' in conf/match.yaml",
+                "symfusion-frobnicate: no such command", "no key 'sauce' in symfusion-match's declaration",
                 "matching=rotatoin: no src/symfusion/presets/matching/rotatoin.yaml",
                 "no key 'rescaling' in any src/symfusion/presets/matching",
                 "methods=[..averaging..]", "symfusion-compare has no option --tolerence",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -125,28 +126,33 @@ def text_override(override: str, texts: frozenset[str]) -> str:
     return override if value[0] == "[" else f"{key}={_as_text(value)}"
 
 
-def search_folders(config_name: str) -> tuple[Path, list[Path]]:
-    """(the folder holding <config_name>.yaml: the library's presets or the pipeline's conf/, the other folders
-    Hydra searches for its groups); a one-line error for a pipeline command run where conf/ is not (a wheel)."""
-    if (catalog.PRESETS_DIR / f"{config_name}.yaml").is_file():
-        return catalog.PRESETS_DIR, [CONF_DIR] if CONF_DIR.is_dir() else []
-    if not (CONF_DIR / f"{config_name}.yaml").is_file():
+def search_folders(config_name: str, library: bool) -> tuple[Path, list[Path]]:
+    """(the folder Hydra starts from: the pipeline's conf/, or the library's presets where conf/ is not, the other
+    folders it searches for its groups); a one-line error for a command of the pipeline (not `library`) run where
+    conf/ is not (a wheel)."""
+    if CONF_DIR.is_dir():
+        return CONF_DIR, [catalog.PRESETS_DIR]
+    if not library:
         raise SymfusionError(f"symfusion-{config_name} is a command of the pipeline: run it in a checkout of symfusion "
-                             f"(its configuration, conf/{config_name}.yaml, is not installed with the package)")
-    return CONF_DIR, [catalog.PRESETS_DIR]
+                             "(its configuration, conf/, is not installed with the package)")
+    return catalog.PRESETS_DIR, []
 
 
-def compose_config(config_name: str, overrides: list[str], texts: frozenset[str] = frozenset()) -> DictConfig:
-    """<config_name>.yaml (conf/, or the presets) with the command line's KEY=VALUE overrides (those of `texts`,
-    paths and names, kept as the text written); Hydra's errors as one line."""
+def compose_config(config_name: str, node: dict, overrides: list[str], texts: frozenset[str] = frozenset(),
+                   library: bool = False) -> DictConfig:
+    """symfusion-<config_name>'s configuration `node` (command.config_node: its groups' defaults and its options')
+    with the command line's KEY=VALUE overrides (those of `texts`, paths and names, kept as the text written);
+    Hydra's errors as one line. `library`: a command of the library, composed without conf/ where it is not."""
     overrides = [literal_override(text_override(o, texts)) for o in overrides]
-    home, others = search_folders(config_name)
+    home, others = search_folders(config_name, library)
+    stored = f"symfusion-{config_name}"            # a name no file of conf/ or the presets has
+    ConfigStore.instance().store(name=stored, node=node)
     searched = ["hydra.searchpath=[" + ",".join(_quoted(f"file://{folder}") for folder in others) + "]"]
     with initialize_config_dir(config_dir=str(home), version_base=None, job_name=config_name):
-        base = compose(config_name=config_name, overrides=searched)
+        base = compose(config_name=stored, overrides=searched)
         options = ", ".join(sorted(k for k in base if k != "hydra"))
         try:
-            cfg = compose(config_name=config_name, overrides=searched + overrides)
+            cfg = compose(config_name=stored, overrides=searched + overrides)
         except MissingConfigException as error:
             group = (error.missing_cfg_file or "").rsplit("/", 1)[0]
             given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == group), group)

@@ -1,17 +1,45 @@
-"""What several stages share: loading and checking model folders, fusion statistic batches, and checking that a symmetry kept the function."""
+"""What several stages share: their commands' task and matching objects, loading and checking model folders, fusion statistic batches, and checking that a symmetry kept the function."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from symfusion.families import check_compatible
 from symfusion.errors import SymfusionError
+from symfusion.matching import MatchConfig
+from symfusion.pipeline.tasks import make_task
 from symfusion.measures import model_outputs, probe_inputs
 from symfusion.io.folder import read_json
 from symfusion.io.modelio import load_config, load_model
 from symfusion.io.untie import is_tied, untied
+
+
+def plain(value):
+    """A composed configuration's value as plain Python (lists, dicts), interpolations resolved."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """The whole composed configuration of a command, for its result's provenance."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def task_of(cfg: DictConfig, name: str | None = None):
+    """A command's task object (cfg.task, or conf/task/<name>.yaml) sized by the profile (smoke shrinks text tasks)."""
+    return make_task(name if name else cfg.task, cfg.get("profile"))
+
+
+def tasks_of(cfg: DictConfig, names: list[str] | None) -> list | None:
+    """The task objects of a list option (e.g. tasks=[a,b]), or None when it is not set."""
+    return [task_of(cfg, name) for name in names] if names else None
+
+
+def match_config(cfg: DictConfig) -> MatchConfig:
+    """The MatchConfig of cfg.matching: the chosen matching preset with every command-line override applied."""
+    return MatchConfig.from_mapping(cfg.matching)
 
 
 def require_folder(value, name: str) -> Path:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ from symfusion.io.folder import read_json
 from symfusion.io.modelio import compute_device, load_model, write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
+from symfusion.pipeline.command import PATH, PRECISION, SPLIT, Command, command, listing, option, text
+from symfusion.pipeline.stages.common import resolved, task_of, tasks_of
 from symfusion.pipeline.training import evaluation_precision
 
 # A file is a previous output of this stage (or of the merge stage's in-process evaluation) when it is an
@@ -87,3 +90,30 @@ def run_evaluate(model: str, tasks: list, output: str, split: str = "test", reso
         with claim.writing() as tmp:
             write_json(report, tmp)
     return report
+
+
+@command("evaluate")
+@dataclass(frozen=True)
+class Evaluate(Command):
+    """symfusion-evaluate task=NAME model_dir=DIR output=FILE.json [split=test] [head_from=DIR]
+    or, several tasks in one process: tasks=[T1,T2] heads=[DIR1,DIR2] (each task with its model's head)"""
+    groups = {"task": "fashion_mnist", "profile": "mini"}
+    model_dir: str = option(PATH, "save_pretrained folder (end model or merged model)")
+    output: str = option(PATH, "FILE.json: the metrics")
+    split: str = option(SPLIT, "the split evaluated", "test")
+    head_from: str | None = option(text(optional=True), "text: evaluate with the task head of this model folder")
+    precision: str = option(PRECISION, "auto, fp32: scores in float32 (no TF32 on a GPU) | bf16: bfloat16 autocast",
+                            "auto")
+    tasks: list[str] | None = option(listing(text(), 1, optional=True), "or several tasks in one process ...")
+    heads: list[str] | None = option(listing(text(), 1, optional=True), "... each with the head of heads[i]")
+
+    def run(self, cfg) -> None:
+        if self.tasks:
+            tasks = tasks_of(cfg, self.tasks)
+            heads = self.heads or [None] * len(tasks)
+        else:
+            tasks, heads = [task_of(cfg)], [self.head_from]
+        report = run_evaluate(self.model_dir, tasks, self.output, self.split, resolved(cfg), heads=heads,
+                              precision=self.precision)
+        summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
+        print(f"evaluated {self.model_dir}/{self.split}: {summary} -> {self.output}")

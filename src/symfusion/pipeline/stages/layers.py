@@ -10,6 +10,7 @@ models (the last single layer and the tail of 1 are one subset).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,7 +23,8 @@ from symfusion.io.modelio import write_json
 from symfusion.io.outputs import file_marker, safe_output
 from symfusion.io.provenance import provenance
 from symfusion.alignment.loaded import check_same_body
-from symfusion.pipeline.stages.common import load_models
+from symfusion.pipeline.command import PATH, Command, command, integer, listing, option, text
+from symfusion.pipeline.stages.common import load_models, match_config, resolved, tasks_of
 from symfusion.symmetry import apply_transform
 
 
@@ -97,3 +99,23 @@ def run_layer_sweep(anchor: str, source: str, tasks: list, matching: MatchConfig
         with claim.writing() as tmp:
             write_json(report, tmp)
     return report
+
+
+@command("layers")
+@dataclass(frozen=True)
+class Layers(Command):
+    """symfusion-layers anchor=DIR source=DIR tasks=[T_ANCHOR,T_SOURCE] output=FILE.json [matching=NAME] [examples=N]"""
+    groups = {"matching": "attn_only_no_rescale", "profile": "mini"}     # the paper's language setting
+    anchor: str = option(PATH, "fine-tuned model of the first task (kept fixed)")
+    source: str = option(PATH, "fine-tuned model of the second task (moved onto the anchor)")
+    output: str = option(PATH, "FILE.json: the sweep")
+    tasks: list[str] = option(listing(text(), 2), "[anchor's task, source's task]")
+    examples: int | None = option(integer(1, optional=True), "the first N test examples of each task; null: all")
+
+    def check(self, cfg, given: set[str]) -> None:
+        match_config(cfg)
+
+    def run(self, cfg) -> None:
+        report = run_layer_sweep(self.anchor, self.source, tasks_of(cfg, self.tasks), match_config(cfg), self.output,
+                                 self.examples, resolved(cfg), matching_name=cfg.matching.name)
+        print(f"layer sweep: {len(report['rows'])} evaluations in {report['seconds']:.0f}s -> {self.output}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,13 +12,15 @@ import torch
 from symfusion.arch import check_finite
 from symfusion.errors import SymfusionError
 from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method, merge_models
-from symfusion.fusion import fusion_config  # noqa: F401 - the library's; importable from the stage as before
+from symfusion.fusion import fusion_config
 from symfusion.fusion.common import batches_of
 from symfusion.io.modelio import compute_device, copy_auxiliary_files, write_json
 from symfusion.io.outputs import folder_marker, safe_output, writing_together
 from symfusion.io.provenance import provenance
+from symfusion.pipeline.command import PRECISION, Command, choice, command, listing, mapping, option, text
 from symfusion.pipeline.training import autocast, use_autocast
-from symfusion.pipeline.stages.common import fusion_batches, load_models, matching_of
+from symfusion.pipeline.stages.common import (fusion_batches, load_models, matching_of, plain, resolved, task_of,
+                                              tasks_of)
 from symfusion.pipeline.stages.statistics import (STATISTIC_METHODS, StatisticFiles, batches_digest, model_digest,
                                          statistic_identity)
 from symfusion.pipeline.stages.evaluate import EVAL_MARKER, evaluate_tasks, evaluation_report, merge_origin
@@ -172,3 +175,59 @@ def run_merge_evaluate(models: list[str], fusions: list[dict], task, eval_dir: s
             for tmp, report in zip(temps, reports):
                 write_json(report, tmp)
     return reports
+
+
+@command("merge")
+@dataclass(frozen=True)
+class Merge(Command):
+    """symfusion-merge task=NAME fusion=METHOD models=[ANCHOR,SOURCE,...] output=DIR [tasks=[T_ANCHOR,T_SOURCE,...]]
+    or, several methods merged and evaluated in one process (no model folder written):
+    symfusion-merge task=NAME models=[..] methods=[M1,M2] eval_dir=DIR [eval_tasks=[..] eval_heads=[..]] [client=mergekit]"""
+    groups = {"task": "fashion_mnist", "fusion": "simple", "profile": "mini"}
+    models: list[str] = option(listing(text(), 2), "model folders; the first is the anchor (sources matched onto it)")
+    tasks: list[str] | None = option(listing(text(), 1, optional=True),
+                                     "one task per model: each model's Fisher/Gram statistics on its own task")
+    output: str | None = option(text(optional=True), "DIR: the merged model folder (one method: fusion=NAME)")
+    methods: list[str] | None = option(listing(text(), 1, optional=True),
+                                       "or several methods in one process, each merged model evaluated in place "
+                                       "(presets/fusion/<name>.yaml each; no model folder written)")
+    method_options: dict | None = option(mapping(optional=True), "per method, on top of its preset and declared "
+                                         "defaults: {regmean: {alpha: 0.1, num_batches: 2}}")
+    eval_dir: str | None = option(text(optional=True), "eval_dir/<method>.json: test metrics of each merged model")
+    eval_tasks: list[str] | None = option(listing(text(), 1, optional=True), "tasks to evaluate on (default: task)")
+    eval_heads: list[str] | None = option(listing(text(), 1, optional=True),
+                                          "text: evaluate eval_tasks[i] with the task head of the folder eval_heads[i]")
+    precision: str = option(PRECISION, "auto: statistic passes under bfloat16 autocast and TF32 on a GPU, scores in "
+                                       "float32 | bf16 | fp32", "auto")
+    statistics: list[str] | None = option(listing(text(), 1, optional=True),
+                                          "FILEs of symfusion-statistics: statistics of models fused unmoved, read "
+                                          "instead of computed (each file must fit one of the models)")
+    client: str = option(choice("symfusion", "mergekit"), "who merges (with methods=[..]): symfusion | mergekit "
+                         "(its mergekit-yaml CLI; methods=[simple] only, the `merge` extra)", "symfusion")
+
+    def check(self, cfg, given: set[str]) -> None:
+        if self.methods and self.output:
+            raise SymfusionError("give output=DIR (one method, model folder) or methods=[..] eval_dir=DIR, not both")
+        if not self.methods and (self.client != "symfusion" or self.eval_dir):   # one kind of output: never both
+            raise SymfusionError(f"client={self.client} and eval_dir=DIR go with methods=[..] (merged and evaluated "
+                                 "in place, no model folder); a merged model folder: fusion=METHOD output=DIR")
+
+    def run(self, cfg) -> None:
+        tasks = tasks_of(cfg, self.tasks)
+        if self.methods:
+            options = self.method_options or {}
+            fusions = [fusion_config(name, options.get(name)) for name in self.methods]
+            reports = run_merge_evaluate(self.models, fusions, task_of(cfg), self.eval_dir,
+                                         tasks_of(cfg, self.eval_tasks) or [task_of(cfg)], self.eval_heads,
+                                         resolved(cfg), tasks=tasks, precision=self.precision,
+                                         statistics=self.statistics, client=self.client)
+            for report in reports:
+                summary = "; ".join(f"{r['task']}: {r['metrics']}" for r in report["results"])
+                print(f"merged with {report['method']} (matching {report['matching']}) in "
+                      f"{report['merge_seconds']:.2f}s, evaluated: {summary} -> {self.eval_dir}/{report['method']}.json")
+            return
+        fusion = fusion_config(cfg.fusion.name, plain(cfg.fusion))      # the declared defaults filled in
+        report = run_merge(self.models, fusion, task_of(cfg), self.output, resolved(cfg), tasks=tasks,
+                           precision=self.precision, statistics=self.statistics)
+        print(f"merged {len(report['models'])} models with {report['method']} "
+              f"(matching {report['matching']}) in {report['seconds']:.2f}s -> {self.output}")

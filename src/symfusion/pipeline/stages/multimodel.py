@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,7 +25,8 @@ from symfusion.io.outputs import file_marker, folder_marker, safe_output, writin
 from symfusion.io.provenance import provenance
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.alignment.checks import tolerance_for
-from symfusion.pipeline.stages.common import check_function_preserved, load_models
+from symfusion.pipeline.command import PATH, Command, command, listing, option, text
+from symfusion.pipeline.stages.common import check_function_preserved, load_models, match_config, resolved
 from symfusion.symmetry import apply_transform
 
 
@@ -146,3 +148,25 @@ def run_multimodel(
                            temps[0] / "models.json")
             write_json(report, temps[-1])
     return report
+
+
+@command("multimodel")
+@dataclass(frozen=True)
+class Multimodel(Command):
+    """symfusion-multimodel models=[ANCHOR,M1,...] output=FILE.json [matching=NAME] [output_models=DIR matching.multi=anchor|barycenter]"""
+    groups = {"matching": "attn_only_no_rescale"}       # the grouped language merges' matching
+    models: list[str] = option(listing(text(), 2), "k >= 2 model folders of one architecture; the first is the anchor")
+    output: str = option(PATH, "FILE.json: the distances")
+    output_models: str | None = option(text(optional=True), "also write the models matched by matching.multi "
+                                       "(anchor or barycenter) to DIR/0, DIR/1, ... (for merging)")
+
+    def check(self, cfg, given: set[str]) -> None:
+        match_config(cfg)
+
+    def run(self, cfg) -> None:
+        report = run_multimodel(self.models, self.output, match_config(cfg), cfg.matching.name, resolved(cfg),
+                                output_models_dir=self.output_models, multi=cfg.matching.get("multi", "anchor"))
+        anchor, bary = report["methods"]["anchor"], report["methods"]["barycenter"]
+        print(f"{report['k']} models: sum of pairwise distances {report['sum_pairwise_distance_before']:.3f} -> "
+              f"{anchor['sum_pairwise_distance']:.3f} (anchor) / {bary['sum_pairwise_distance']:.3f} (barycenter) "
+              f"-> {self.output}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,12 +25,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from symfusion.errors import SymfusionError
-from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_method
+from symfusion.fusion import FUSION_METHODS, STAGE_KEYS, fusion_config, fusion_method
 from symfusion.io.modelio import compute_device, load_model
 from symfusion.io.outputs import safe_output
 from symfusion.io.provenance import provenance
 from symfusion.io.regular import is_regular
-from symfusion.pipeline.stages.common import fusion_batches, require_folder
+from symfusion.pipeline.command import PATH, PRECISION, Command, command, listing, mapping, option, text
+from symfusion.pipeline.stages.common import fusion_batches, require_folder, resolved, task_of
 from symfusion.pipeline.training import autocast, use_autocast
 
 FORMAT = "symfusion-statistics/1"
@@ -197,3 +199,26 @@ def run_statistics(model_dir: str, fusions: list[dict], task, output: str, resol
         with claim.writing() as tmp:
             save_file(tensors, str(tmp), metadata=metadata)
     return report
+
+
+@command("statistics")
+@dataclass(frozen=True)
+class Statistics(Command):
+    """symfusion-statistics task=NAME model_dir=DIR methods=[fisher,regmean] output=FILE.safetensors
+    [method_options={fisher: {num_batches: 2}}]: one model's Fisher / Gram statistics, for merges that fuse it unmoved"""
+    groups = {"task": "fashion_mnist", "profile": "mini"}
+    model_dir: str = option(PATH, "the model folder")
+    methods: list[str] = option(listing(text(), 1), "presets/fusion/<name>.yaml each: methods with a per-model "
+                                "statistic", ("fisher", "regmean"))
+    method_options: dict | None = option(mapping(optional=True), "as symfusion-merge's: per method, on top of its "
+                                         "preset and declared defaults")
+    output: str = option(PATH, "FILE.safetensors")
+    precision: str = option(PRECISION, "as the merges that read it: auto | bf16 | fp32", "auto")
+
+    def run(self, cfg) -> None:
+        options = self.method_options or {}
+        fusions = [fusion_config(name, options.get(name)) for name in self.methods]
+        report = run_statistics(self.model_dir, fusions, task_of(cfg), self.output, resolved(cfg),
+                                precision=self.precision)
+        took = ", ".join(f"{m} {s:.2f}s" for m, s in report["seconds"].items())
+        print(f"statistics of {report['model']} on {report['task']} ({took}) -> {self.output}")
