@@ -115,8 +115,6 @@ class ModelLayout:
     layers: tuple[LayerLayout, ...]
     num_kv_heads: int | None = None        # None: one KV head per query head
     rotary_dim: int = 0                    # see AttentionLayout
-    match_heads: bool = False              # whether matching permutes whole heads by default (decoders)
-    refine: tuple[tuple[str, object], ...] = ()   # the family's learned-refinement settings (families.py)
     stored: tuple[tuple[str, Stored], ...] = ()   # canonical key -> stored tensor (GPT-2's fused Conv1D)
 
     @property
@@ -129,8 +127,8 @@ class ModelLayout:
 
     @property
     def has_decoder_parts(self) -> bool:
-        """Whether the layout uses what only decoders have: KV groups, RoPE, gates, head matching, Conv1D views."""
-        return bool(self.num_kv_heads or self.rotary_dim or self.match_heads or self.stored
+        """Whether the layout uses what only decoders have: KV groups, RoPE, gates, Conv1D views."""
+        return bool(self.num_kv_heads or self.rotary_dim or self.stored
                     or any(layer.ffn.gate for layer in self.layers))
 
     def require_encoder(self, what: str) -> None:
@@ -344,8 +342,6 @@ def layout_of(config, state: Mapping[str, torch.Tensor]) -> ModelLayout:
         layers=layers,
         num_kv_heads=kv_heads if kv_heads != num_heads else None,
         rotary_dim=attention["rotary_dim"],
-        match_heads=spec.match_heads,
-        refine=spec.refine,
         stored=stored,
     )
     _check_shapes(layout, state)

@@ -19,7 +19,9 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h)\.(\d+)\.")     # a layer 
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """Everything symfusion knows about one model family (config.model_type): one entry per family.
+    """What one model family's architecture is (config.model_type): one entry per family, data only. How a family is
+    matched where a matching preset leaves it open (whole heads, the learned refinement's settings) is a matching
+    setting, kept apart: presets/families.yaml.
 
     modules:          module names inside layer i, relative to the layer's prefix ("layer" holds {i})
     residual_axes:    axes of the tensors outside the layers that live in the residual stream, by key
@@ -40,12 +42,6 @@ class FamilySpec:
                       config.rope_parameters' partial_rotary_factor
     qk_norm:          module names (in "layer") of per-head q/k norms, when the checkpoint has them
     conv1d:           the layer maps are Conv1D (weight (in, out)), with Q, K, V fused in modules["qkv"]
-    match_heads:      matching permutes whole heads (KV groups and query heads within a group) by default
-    refine:           the learned refinement's settings where the matching leaves them to the family
-                      (matching.refine_lr / refine_alphas / refine_minimax / refine_group / refine_distill / refine_gains_lr
-                      null), as (setting, value) pairs; the others take RefineSettings' defaults
-                      (matching/learned.py): lr 1e-2 at the midpoint, the orthogonal group, no distillation, the
-                      gains at lr, no minimax points; VIT_REFINE and DECODER_REFINE as measured on the mini's pairs
     padding_free:     the layer maps read token states only, so a padded batch may run them on its real
                       tokens alone (packing.py); False where a layer map also reads other inputs
     norm:             the normalisation of the residual stream: "layernorm" (mean-centred) or "rmsnorm"
@@ -72,8 +68,6 @@ class FamilySpec:
     rotary: bool = False
     qk_norm: tuple[str, ...] = ()
     conv1d: bool = False
-    match_heads: bool = False
-    refine: tuple[tuple[str, object], ...] = ()
     padding_free: bool = True
     norm: str = "layernorm"
     prenorm: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -164,16 +158,6 @@ _DECODER_RESIDUAL = {
     "q_layernorm.weight": (), "k_layernorm.weight": (),
 }
 _DECODER_FIELDS = ("num_key_value_heads", "head_dim")
-# The learned refinement's defaults for ViTs (docs/matching.md): the end models' predictions as targets, weight 0.7,
-# the unfolding gains learned at 3x the rate (the lowest mean validation barrier over the mini's 3 pairs, x1-x4), and
-# each step at the highest of the path points 0.3, 0.5, 0.7 on its batch (min-max over the path: chosen among four
-# lists on the ten pairs' test split, confirmed on their validation split against the midpoint)
-VIT_REFINE = (("refine_distill", 0.7), ("refine_gains_lr", 3.0), ("refine_minimax", (0.3, 0.5, 0.7)))
-# The learned refinement's defaults for causal LMs: measured on the mini's Llama pairs (docs/matching.md), taken for
-# every decoder family (not measured on the others); their gains at lr x1 (x2, x3 no better). The general group
-# lowers their barrier further but its ill-conditioned maps moved tiny random decoders' float32 outputs by up to
-# 3e-4: orthogonal stays the default.
-DECODER_REFINE = (("refine_lr", 1e-1), ("refine_alphas", (0.1, 0.9)))
 _DECODER_PRENORM = {"input_layernorm": ("query", "key", "value"), "post_attention_layernorm": ("ffn_gate", "ffn_in")}
 _DECODER_FINAL = ("norm", ("lm_head.weight", "score.weight"))
 
@@ -211,7 +195,7 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
         padding_free=False,       # with share_att_key the Q/K maps also project the relative embeddings
     ),
     FamilySpec(
-        name="vit", base_prefix="vit", inputs="pixels", refine=VIT_REFINE,
+        name="vit", base_prefix="vit", inputs="pixels",
         prenorm={"layernorm_before": ("query", "key", "value"), "layernorm_after": ("ffn_in",)},
         final_norm=("layernorm", ("classifier.weight",)),
         # pre-LN layers: layernorm_before reads a layer's input, layernorm_after the stream after attention
@@ -246,26 +230,25 @@ FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (
     ),
     # Llama, Mistral, SmolLM: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases
     FamilySpec(name="llama", model_types=("llama", "mistral"), modules=_DECODER_MODULES, base_prefix="model",
-               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True, match_heads=True,
-               refine=DECODER_REFINE,
+               residual_axes=_DECODER_RESIDUAL, config_fields=_DECODER_FIELDS, rotary=True,
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen2: as Llama, with q/k/v biases (they move with their maps)
     FamilySpec(name="qwen2", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
+               config_fields=_DECODER_FIELDS, rotary=True,
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # Qwen3: per-head RMSNorm on q and k (q_norm, k_norm) after the projections: no Q/K rotation
     FamilySpec(name="qwen3", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
-               config_fields=_DECODER_FIELDS, rotary=True, match_heads=True, refine=DECODER_REFINE,
+               config_fields=_DECODER_FIELDS, rotary=True,
                qk_norm=("self_attn.q_norm", "self_attn.k_norm"),
                norm="rmsnorm", prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # StableLM: LayerNorm, partial rotary (partial_rotary_factor), optional q/k/v biases and per-head q/k LayerNorm
     FamilySpec(name="stablelm", modules=_DECODER_MODULES, base_prefix="model", residual_axes=_DECODER_RESIDUAL,
                config_fields=_DECODER_FIELDS + ("use_qkv_bias", "qk_layernorm", "use_parallel_residual"), rotary=True,
-               match_heads=True, refine=DECODER_REFINE, qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm"),
+               qk_norm=("self_attn.q_layernorm", "self_attn.k_layernorm"),
                prenorm=_DECODER_PRENORM, final_norm=_DECODER_FINAL),
     # GPT-2: learned positions, LayerNorm, Conv1D maps (weight (in, out)) with Q, K, V fused in c_attn, biases
     FamilySpec(
-        name="gpt2", base_prefix="transformer", conv1d=True, match_heads=True, refine=DECODER_REFINE,
+        name="gpt2", base_prefix="transformer", conv1d=True,
         config_fields=("n_inner",),
         prenorm={"ln_1": ("query", "key", "value"), "ln_2": ("ffn_in",)}, final_norm=("ln_f", ("lm_head.weight", "score.weight")),
         modules={

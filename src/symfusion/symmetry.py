@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from symfusion.arch import AttentionLayout, FFNLayout, ModelLayout, Projection
 from symfusion.errors import SymfusionError
+from symfusion.presets import family_matching
 from symfusion.stream import StreamLayout, centred_map, move_stream, stream_layout
 
 
@@ -337,13 +338,13 @@ def random_transform(
 ) -> Transform:
     """A random symmetry element of the whole model (for tests, benchmarks and planted problems).
 
-    heads: also permute whole heads (default: the family's match_heads, on for decoders). Q/K rotations follow the
+    heads: also permute whole heads (default: the family's, presets/families.yaml: on for decoders). Q/K rotations follow the
     layout's Q/K group: plane rotations under RoPE, none at all with per-head q/k norms.
     """
     gen = torch.Generator().manual_seed(seed)
     kv, d, group = layout.kv_heads, layout.head_dim, layout.num_heads // layout.kv_heads
     qk_group = layout.layers[0].attention.qk_group if layout.layers else "orthogonal"
-    heads = layout.match_heads if heads is None else heads
+    heads = family_matching(layout.family)["heads"] if heads is None else heads
     lo, hi = scale_range
 
     def scale() -> torch.Tensor:

@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.families import DECODER_REFINE, VIT_REFINE
 from symfusion.matching import MatchConfig, MatchData, match_models, matching_config
 from symfusion.matching import learned
 from symfusion.matching.learned import soft_cross_entropy
@@ -19,6 +18,10 @@ from symfusion.stream import stream_layout
 from symfusion.symmetry import LayerTransform, Transform, apply_transform, plane_rotations
 from test_residual_matching import vit_batches
 from test_residual_symmetry import MODEL_IDS, MODELS, build, relative_change
+
+# The families' refinement settings as docs/matching.md states them (presets/families.yaml must say the same).
+VIT_REFINE = {"refine_distill": 0.7, "refine_gains_lr": 3.0, "refine_minimax": (0.3, 0.5, 0.7)}
+DECODER_REFINE = {"refine_lr": 0.1, "refine_alphas": (0.1, 0.9)}
 
 GENERAL = [m for m in MODELS if m[1] != "qwen3"]          # qwen3's per-head q/k norms admit no Q/K map
 GENERAL_IDS = [i for i, m in zip(MODEL_IDS, MODELS) if m in GENERAL]
@@ -201,14 +204,14 @@ def test_the_presets_state_the_refinement_settings_the_declaration_defaults_and_
 
 @pytest.mark.parametrize("kind,family,overrides", REFINED[:2], ids=REFINED_IDS[:2])
 def test_the_refinement_settings_left_null_are_the_familys_and_a_value_given_wins(kind, family, overrides):
-    """refine_lr / refine_alphas / refine_minimax / refine_group null (the presets): the family's (families.py:
-    VIT_REFINE for the ViT, DECODER_REFINE for decoders, RefineSettings' own defaults for the rest), which the
-    refinement reports using; a value given wins ([] for refine_minimax: none)."""
+    """refine_lr / refine_alphas / refine_minimax / refine_group null (the presets): the family's (presets/families.yaml:
+    the ViT's, the decoders', RefineSettings' own defaults for the rest), which the refinement reports using; a value
+    given wins ([] for refine_minimax: none)."""
     model = build(kind, family, overrides, seed=1)
     layout = layout_of(model.config, model.state_dict())
     expected = {"refine_lr": 1e-2, "refine_alphas": (0.5, 0.5), "refine_minimax": (), "refine_group": "orthogonal",
                 "refine_distill": 0.0, "refine_gains_lr": 1.0,
-                **dict(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
+                **(DECODER_REFINE if layout.has_decoder_parts else VIT_REFINE)}
     learned = matching_config("full_symmetry_learned")
     assert (learned.refine_lr, learned.refine_alphas, learned.refine_group, learned.refine_distill,
             learned.refine_gains_lr) == (None,) * 5

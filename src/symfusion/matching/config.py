@@ -16,7 +16,7 @@ from symfusion.errors import SymfusionError
 from symfusion.matching.learned import GROUPS as REFINE_GROUPS
 from symfusion.matching.learned import SCHEDULES as REFINE_SCHEDULES
 from symfusion.matching.learned import RefineSettings
-from symfusion.presets import catalog, load_preset
+from symfusion.presets import catalog, family_matching, load_preset
 
 ATTENTION_CHOICES = ("none", "rotation", "permutation")
 FFN_CHOICES = ("none", "permutation", "ot")
@@ -138,9 +138,9 @@ class MatchConfig:
 
     def refine_settings(self, layout: ModelLayout | None = None) -> RefineSettings:
         """The learned refinement's settings (matching/learned.py); refine_lr, refine_alphas, refine_minimax,
-        refine_group, refine_distill and refine_gains_lr None: the layout's family's (families.py), else
+        refine_group, refine_distill and refine_gains_lr None: the layout's family's (presets/families.yaml), else
         RefineSettings' defaults."""
-        family, given = dict(layout.refine if layout is not None else ()), {}
+        family, given = family_matching(layout.family)["refine"] if layout is not None else {}, {}
         for name, setting in (("refine_lr", "learning_rate"), ("refine_alphas", "alphas"), ("refine_minimax", "minimax"),
                               ("refine_group", "group"), ("refine_distill", "distill"), ("refine_gains_lr", "gains_lr")):
             value = getattr(self, name) if getattr(self, name) is not None else family.get(name)
@@ -177,7 +177,7 @@ class MatchConfig:
 
     def permutes_heads(self, layout: ModelLayout) -> bool:
         """Whether whole heads are matched for this layout (config.heads, else the family's default)."""
-        heads = layout.match_heads if self.heads is None else self.heads
+        heads = family_matching(layout.family)["heads"] if self.heads is None else self.heads
         return heads and self.attention != "none"
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The library's presets, shipped as package data: matching variants (matching/<name>.yaml), fusion methods' settings (fusion/<name>.yaml), symfusion-match's options (match.yaml).
+"""The library's presets, shipped as package data: matching variants (matching/<name>.yaml), fusion methods' settings (fusion/<name>.yaml), each family's matching defaults (families.yaml).
 
 A matching variant is defined once, in its yaml (a base variant's values come in through `defaults:`, merged by
 presets/catalog.py, the one rule that the workflow loads too); `symfusion.matching.matching_config(name)` reads it
@@ -9,6 +9,7 @@ never here.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -34,9 +35,16 @@ def load_preset(group: str, name: str) -> DictConfig:
     return catalog.preset(group, name, OmegaConf.load, OmegaConf.merge, SymfusionError)
 
 
-def match_option(name: str):
-    """A default of symfusion-match's options (match.yaml), for the callers that take them without Hydra."""
-    return OmegaConf.load(catalog.PRESETS_DIR / "match.yaml")[name]
+@lru_cache(maxsize=None)
+def _families() -> dict:
+    return catalog.read(catalog.PRESETS_DIR / "families.yaml")
 
 
-__all__ = ["GROUPS", "PRESETS_DIR", "catalog", "load_preset", "match_option", "preset_names", "preset_path"]
+def family_matching(family: str) -> dict:
+    """How `family` is matched where a matching leaves it to the family (presets/families.yaml): {"heads": whether
+    whole heads are permuted, "refine": {setting: value} of the learned refinement}."""
+    found = _families().get(family) or {}
+    return {"heads": bool(found.get("heads", False)), "refine": dict(found.get("refine") or {})}
+
+
+__all__ = ["GROUPS", "PRESETS_DIR", "catalog", "family_matching", "load_preset", "preset_names", "preset_path"]
