@@ -22,6 +22,9 @@
 # that give each of those rules one job through SLURM (scripts/check_slurm_prefill.py: the targets' jobs, one job
 # of every rule chosen by the local run's job times, and whatever Snakemake reruns with them), with their
 # modification times, so that only these run through SLURM; the reference must be a complete run of this checkout.
+# --prefill without TARGETs chooses the slice itself: from the whole DAG's dry run, one job of every rule (the
+# cheapest by the local run's job times with what it drags along); their outputs are the targets, compared as
+# above (result files; the tables and figure data a chosen job makes), a new rule needs no new target.
 # A cluster this script starts is stopped at the end; one already running is left running.
 #
 # What the test cluster needs beyond a real cluster's is set here, not in the profile: its partitions and
@@ -50,8 +53,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 profile=${profile:-smoke}
-[ "$prefill" = 0 ] || [ ${#targets[@]} -gt 0 ] \
-  || error "--prefill needs TARGETs (a slice): without them the tables compared would be copies of the reference's"
 [ -f "conf/profile/$profile.yaml" ] || error "no pipeline profile '$profile' (conf/profile/$profile.yaml)"
 results=${results:-$out/results}
 figures=${figures:-$out/figures}
@@ -136,13 +137,33 @@ mapfile -t target_files < <(tail -n +2 <<<"$resolved" | sed '/^$/d')
 [ -n "$only" ] || [ ${#target_files[@]} -gt 0 ] \
   || error "nothing to compare: the targets name no experiment that $reference holds"
 
-run=(--workflow-profile workflow/profiles/slurm "${target_files[@]}"
-     --config profile="$profile" results_dir="$results" figures_dir="$figures")
+config=(--config profile="$profile" results_dir="$results" figures_dir="$figures")
 if [ "$prefill" = 1 ]; then
-  snakemake -n "${run[@]}" > "$out/dry_run.log" 2>&1 || { tail -40 "$out/dry_run.log" >&2; error "snakemake -n failed"; }
-  python scripts/check_slurm_prefill.py "$out/dry_run.log" "$results/$profile" "$figures/$profile" \
+  # No TARGETs: the whole DAG's dry run, and the targets chosen from it (one job of every required rule).
+  choose=(); [ ${#targets[@]} -gt 0 ] || choose=(--choose "$out/targets.txt")
+  snakemake -n --workflow-profile workflow/profiles/slurm "${target_files[@]}" "${config[@]}" \
+    > "$out/dry_run.log" 2>&1 || { tail -40 "$out/dry_run.log" >&2; error "snakemake -n failed"; }
+  python scripts/check_slurm_prefill.py "${choose[@]}" "$out/dry_run.log" "$results/$profile" "$figures/$profile" \
     "$reference" "$reference_figures" "$required_rules" "${target_files[@]}"
+  if [ ${#targets[@]} = 0 ]; then
+    # The chosen jobs' outputs are the slice's targets; the experiments compared: those whose table or figure data
+    # a chosen job makes (the others are copies of the reference's).
+    mapfile -t target_files < "$out/targets.txt"
+    only=$(python - "$results/$profile" "$figures/$profile" "$reference" "$reference_figures" "${target_files[@]}" <<'PY'
+import os, sys, yaml
+results, figures, reference, reference_figures, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+with open("conf/experiments.yaml") as handle:
+    registry = yaml.safe_load(handle)
+local = {results: reference, figures: reference_figures}
+names = [name for path in files for name in registry if registry[name].get("compare")
+         and os.path.dirname(path) in local and os.path.basename(path) == f"{name}.csv"
+         and os.path.exists(os.path.join(local[os.path.dirname(path)], f"{name}.csv"))]
+print(",".join(f"{name}.csv" for name in names))
+PY
+)
+  fi
 fi
+run=(--workflow-profile workflow/profiles/slurm "${target_files[@]}" "${config[@]}")
 
 echo "check_slurm: running profile '$profile' through workflow/profiles/slurm (log: $out/snakemake.log)"
 begin=$(date +%s)
@@ -167,19 +188,24 @@ if [ -n "$only" ]; then
   symfusion-compare "$results/$profile" --figures "$figures/$profile" \
     --reference "$reference" --reference-figures "$reference_figures" --only "$only" "${compare[@]}"
 fi
-# A slice's targets that are a job's result files: their numbers (metrics, per-example results, loss path,
-# barriers) equal the local run's, within the same tolerance, the paths in them up to the run's folder; seconds,
-# provenance and the merged models' paths may differ.
+# A slice's targets that are a job's result files: everything in them (metrics, per-example results, loss path,
+# barriers, matching distances, data splits' sizes and hashes) equals the local run's, numbers within the same
+# tolerance, paths up to the run's folder; only times (a key naming seconds, at any depth), provenance and the
+# merged models' paths may differ.
 python - "$results/$profile" "$reference" "${tolerance:-0}" "${target_files[@]}" <<'PY'
 import json, math, os, sys
 run, reference, tolerance, files = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
-NUMBERS = ("metrics", "results", "path", "barrier", "barrier_linear", "examples")
+VARIES = ("provenance", "merged_models")
+numbers = 0
 def same(a, b):
+    global numbers
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        keys = {k for k in a.keys() | b.keys() if "seconds" not in k}
+        return all(k in a and k in b and same(a[k], b[k]) for k in sorted(keys))
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        numbers += 1
         return a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tolerance
     if isinstance(a, str) and isinstance(b, str):      # a path names its own run's folder
         return a.replace(run, reference) == b
@@ -191,12 +217,13 @@ for path in files:
     relative = os.path.relpath(path, run)
     with open(path) as ours, open(os.path.join(reference, relative)) as theirs:
         mine, local = json.load(ours), json.load(theirs)
-    keys = [key for key in NUMBERS if key in mine or key in local]
-    differ = [key for key in keys if not same(mine.get(key), local.get(key))]
-    if not keys or differ:
+    numbers = 0
+    keys = sorted(k for k in mine.keys() | local.keys() if k not in VARIES and "seconds" not in k)
+    differ = [key for key in keys if key not in mine or key not in local or not same(mine[key], local[key])]
+    if not numbers or differ:
         problems += 1
-        print(f"error: {relative}: {'no numbers to compare' if not keys else 'differs in ' + ', '.join(differ)}", file=sys.stderr)
+        print(f"error: {relative}: {'no numbers to compare' if not numbers else 'differs in ' + ', '.join(differ)}", file=sys.stderr)
     else:
-        print(f"check_slurm: {relative}: {', '.join(keys)} agree with the local run")
+        print(f"check_slurm: {relative}: {', '.join(keys)} ({numbers} numbers) agree with the local run")
 sys.exit(1 if problems else 0)
 PY

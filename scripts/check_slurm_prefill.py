@@ -56,6 +56,8 @@ def local_path(path: str, folders: list[tuple[str, str]]) -> str:
 
 def seconds(job: dict, folders: list[tuple[str, str]]) -> float:
     """The job's cost through SLURM: its local run's benchmark seconds plus the start."""
+    if job["benchmark"] is None:                # `all`, `report`: no benchmark
+        return START_SECONDS + 60.0
     try:
         with open(local_path(job["benchmark"], folders)) as handle:
             return START_SECONDS + float(next(csv.DictReader(handle, delimiter="\t"))["s"])
@@ -63,12 +65,27 @@ def seconds(job: dict, folders: list[tuple[str, str]]) -> float:
         return START_SECONDS + 60.0
 
 
-def kept(jobs: dict[str, dict], seeds: set[str], held: set[str]) -> set[str]:
-    """The jobs Snakemake runs when the seeds' outputs are missing and the local run's `held` paths are copied."""
+def ancestors(jobs: dict[str, dict], seeds: set[str]) -> set[str]:
+    """The seeds and every job they need: the DAG Snakemake builds for the seeds' outputs as targets."""
     producer = {path: jobid for jobid, job in jobs.items() for path in job["output"]}
+    dag, todo = set(seeds), list(seeds)
+    while todo:
+        for path in jobs[todo.pop()]["input"]:
+            if path in producer and producer[path] not in dag:
+                dag.add(producer[path])
+                todo.append(producer[path])
+    return dag
+
+
+def kept(jobs: dict[str, dict], seeds: set[str], held: set[str]) -> set[str]:
+    """The jobs Snakemake runs for the seeds' outputs as targets when these are missing and the local run's `held`
+    paths are copied: the seeds, every job of their DAG downstream of a kept one (its input is updated) and the
+    producer of a kept job's input that the local run no longer holds (a temp() file)."""
+    dag = ancestors(jobs, seeds)
+    producer = {path: jobid for jobid in dag for path in jobs[jobid]["output"]}
     consumers = collections.defaultdict(set)
-    for jobid, job in jobs.items():
-        for path in job["input"]:
+    for jobid in dag:
+        for path in jobs[jobid]["input"]:
             if path in producer:
                 consumers[producer[path]].add(jobid)
     run, todo = set(seeds), list(seeds)
@@ -83,18 +100,26 @@ def kept(jobs: dict[str, dict], seeds: set[str], held: set[str]) -> set[str]:
 
 
 def choose(jobs: dict[str, dict], rules: list[str], targets: set[str], held: set[str], cost: dict[str, float]):
-    """The jobs to run: the targets' and, greedily by cost per newly covered rule, one job of each rule."""
-    run = kept(jobs, {j for j, job in jobs.items() if set(job["output"]) & targets}, held)
+    """The jobs to run and each rule's chosen job: the targets' jobs and, greedily by cost per newly covered rule,
+    one job of each rule (a rule the kept jobs cover already: its cheapest kept job)."""
+    seeds = {j for j, job in jobs.items() if set(job["output"]) & targets}
+    run, chosen = kept(jobs, seeds, held), {}
     while missing := set(rules) - {jobs[j]["rule"] for j in run}:
         def price(jobid):
-            more = kept(jobs, run | {jobid}, held)
+            more = kept(jobs, seeds | {jobid}, held)
             covered = len(missing & {jobs[j]["rule"] for j in more})
             return sum(cost[j] for j in more - run) / covered, int(jobid)
         candidates = [jobid for jobid, job in jobs.items() if job["rule"] in missing]
         if not candidates:
             sys.exit(f"error: the slice has no job of rule(s) {', '.join(sorted(missing))}: add a target that needs one")
-        run = kept(jobs, run | {min(candidates, key=price)}, held)
-    return run
+        best = min(candidates, key=price)
+        chosen[jobs[best]["rule"]] = best
+        seeds.add(best)
+        run = kept(jobs, seeds, held)
+    for rule in rules:
+        if rule not in chosen:
+            chosen[rule] = min((j for j in run if jobs[j]["rule"] == rule), key=lambda j: (cost[j], int(j)))
+    return run, chosen
 
 
 def copy(source: str, destination: str):
@@ -109,7 +134,12 @@ def copy(source: str, destination: str):
 
 
 def main(argv: list[str]) -> int:
+    chosen_file = None
+    if argv[:1] == ["--choose"]:
+        chosen_file, argv = argv[1], argv[2:]
     dry_run, results, figures, reference, reference_figures, rules, *targets = argv
+    if chosen_file and targets:
+        sys.exit("error: --choose picks the targets itself: give no TARGET_FILE with it")
     folders = [(results.rstrip("/"), reference.rstrip("/")), (figures.rstrip("/"), reference_figures.rstrip("/"))]
     for run, _ in folders:
         if os.path.lexists(run):
@@ -121,19 +151,26 @@ def main(argv: list[str]) -> int:
     paths = {path for job in jobs.values() for path in job["output"]}
     held = {path for path in paths if os.path.exists(local_path(path, folders))}
     cost = {jobid: seconds(job, folders) for jobid, job in jobs.items()}
-    run = choose(jobs, [rule for rule in rules.split(",") if rule], set(targets), held, cost)
-    copied = 0
-    for jobid, job in jobs.items():
-        if jobid not in run:
-            for path in job["output"]:
-                if path in held:
-                    copy(local_path(path, folders), path)
-                    copied += 1
+    run, chosen = choose(jobs, [rule for rule in rules.split(",") if rule], set(targets), held, cost)
+    dag, copied = ancestors(jobs, run), 0          # the DAG of the targets, given or chosen
+    for jobid in sorted(dag - run, key=int):
+        for path in jobs[jobid]["output"]:
+            if path in held:
+                copy(local_path(path, folders), path)
+                copied += 1
     counts = collections.Counter(jobs[j]["rule"] for j in run)
-    print(f"check_slurm: pre-filled {copied} outputs of {len(jobs) - len(run)} of the slice's {len(jobs)} jobs "
+    print(f"check_slurm: pre-filled {copied} outputs of {len(dag - run)} of the slice's {len(dag)} jobs "
           f"from {reference} (copies with their times); {len(run)} jobs to run through SLURM, "
           f"~{sum(cost[j] for j in run):.0f} s of work: "
           + ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items())))
+    if chosen_file:
+        made = {path for j in run for path in jobs[j]["output"]}
+        with open(chosen_file, "w") as handle:
+            for rule, jobid in sorted(chosen.items()):
+                handle.write("".join(f"{path}\n" for path in jobs[jobid]["output"]))
+                fresh = [p for p in jobs[jobid]["input"] if p in made]
+                print(f"check_slurm: chose {rule} job {jobid} (~{cost[jobid]:.0f} s): {', '.join(jobs[jobid]['output'])}"
+                      f" ({len(fresh)} of its {len(jobs[jobid]['input'])} inputs recomputed by the slice)")
     return 0
 
 

@@ -88,13 +88,57 @@ def test_jobs_kept(tmp_path, local):
     cost = {jobid: float(s) for jobid, s in SECONDS.items()}
     targets = {"R/table.csv"}
     # The target's job needs merge (downstream of the temp file's producer): table, merge, statistics.
-    assert prefill.choose(jobs, ["table", "merge", "statistics"], targets, held, cost) == {"8", "5", "4"}
+    assert prefill.choose(jobs, ["table", "merge", "statistics"], targets, held, cost)[0] == {"8", "5", "4"}
     # evaluate: job 7 (1 s) rather than 6 (2 s); train: job 3 (5 s, with 7 and merge) rather than 2 (50 s).
-    assert prefill.choose(jobs, ["table", "evaluate", "train"], targets, held, cost) == {"8", "5", "4", "7", "3"}
+    assert prefill.choose(jobs, ["table", "evaluate", "train"], targets, held, cost)[0] == {"8", "5", "4", "7", "3"}
     # data: every job downstream of it.
-    assert prefill.choose(jobs, ["data"], targets, held, cost) == set(jobs)
+    assert prefill.choose(jobs, ["data"], targets, held, cost)[0] == set(jobs)
     # Had the local run kept the temp file, the target alone runs.
-    assert prefill.choose(jobs, ["table"], targets, held | {"R/statistics/m0.safetensors"}, cost) == {"8"}
+    assert prefill.choose(jobs, ["table"], targets, held | {"R/statistics/m0.safetensors"}, cost)[0] == {"8"}
+
+
+def test_targets_chosen(tmp_path, local):
+    """No targets (the whole DAG): every rule gets exactly one chosen job, of that rule, the cheapest by the local
+    run's seconds with what it drags along; only the chosen jobs' DAG counts (a job no chosen job needs does not
+    rerun though its input does)."""
+    jobs = prefill.dry_run_jobs(dry_run(Path("R"), Path("F")))
+    held = {p for _, _, _, outputs in JOBS for p in outputs if "statistics" not in p}
+    cost = {jobid: float(s) for jobid, s in SECONDS.items()}
+    for rules, want, runs in [
+        # evaluate: 7 (1 s) rather than 6 (2 s); table: 8 (1 s, its inputs held); train: 3 (5 s, with 7 and merge,
+        # which needs the temp file's producer) rather than 2 (50 s).
+        (["train", "evaluate", "table"], {"evaluate": "7", "table": "8", "train": "3"}, {"7", "8", "3", "5", "4"}),
+        # data drags every job along; each other rule's chosen job: its cheapest kept one.
+        (["data", "train", "statistics", "merge", "evaluate", "table"],
+         {"data": "1", "train": "3", "statistics": "4", "merge": "5", "evaluate": "7", "table": "8"}, set(jobs)),
+        # train alone: job 3 (5 s), its consumers 5, 7 and 8 outside its DAG.
+        (["train"], {"train": "3"}, {"3"}),
+    ]:
+        run, chosen = prefill.choose(jobs, rules, set(), held, cost)
+        assert chosen == want and run == runs
+        assert sorted(chosen) == sorted(rules) and all(jobs[j]["rule"] == rule for rule, j in chosen.items())
+        for rule, jobid in chosen.items():     # no job of the rule in the slice is cheaper
+            assert cost[jobid] == min(cost[j] for j in run if jobs[j]["rule"] == rule)
+
+
+def test_choose_writes_targets(tmp_path, local, capsys):
+    """--choose: the chosen jobs' outputs written as the slice's targets, only the chosen jobs' DAG pre-filled;
+    with TARGET files given: refused."""
+    reference, reference_figures = local
+    run, figures = tmp_path / "slurm" / "results", tmp_path / "slurm" / "figures"
+    log, chosen = tmp_path / "dry_run.log", tmp_path / "targets.txt"
+    log.write_text(dry_run(run, figures))
+    args = [str(log), str(run), str(figures), str(reference), str(reference_figures), "train,evaluate"]
+    with pytest.raises(SystemExit, match="--choose picks the targets itself"):
+        prefill.main(["--choose", str(chosen), *args, str(run / "table.csv")])
+    assert not chosen.exists() and not run.exists()
+    assert prefill.main(["--choose", str(chosen), *args]) == 0
+    assert chosen.read_text().splitlines() == [str(run / "eval/end/m1.json"), str(run / "models/m1")]
+    out = capsys.readouterr().out
+    assert "2 jobs to run through SLURM" in out and "chose evaluate job 7" in out and "chose train job 3" in out
+    # The DAG of jobs 3 and 7: data (copied), train m1 and evaluate m1 (run); nothing else written.
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == ["data", "data/a.json"]
+    assert not figures.exists()
 
 
 def test_copies(tmp_path, local, capsys):
