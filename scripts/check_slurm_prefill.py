@@ -1,7 +1,7 @@
 """Pre-fill a SLURM slice's results with a local run's outputs of its upstream jobs (scripts/check_slurm.sh --prefill).
 
-    python scripts/check_slurm_prefill.py DRY_RUN_LOG RUN_RESULTS RUN_FIGURES REFERENCE REFERENCE_FIGURES
-                                          RULE,RULE,... [TARGET_FILE ...]
+    python scripts/check_slurm_prefill.py [--choose TARGETS_OUT] DRY_RUN_LOG RUN_RESULTS RUN_FIGURES REFERENCE
+                                          REFERENCE_FIGURES RULE,RULE,... [TARGET_FILE ...]
 
 DRY_RUN_LOG is `snakemake -n` of the slice into the empty RUN_RESULTS and RUN_FIGURES (each job's block: "rule
 NAME:", "input: ...", "output: ...", "jobid: N", "benchmark: ..."). The jobs kept to run through SLURM are the
@@ -13,6 +13,10 @@ from REFERENCE / REFERENCE_FIGURES with their modification times, so Snakemake's
 date (copies carry no .snakemake metadata, so its code, params, input and software-env triggers have no record
 to compare and do not fire). Writes only into RUN_RESULTS and RUN_FIGURES, which must not exist yet. Prints the
 jobs kept per rule; exit 1 with an `error:` line.
+
+--choose (no TARGET_FILE; DRY_RUN_LOG is then of the whole DAG): the targets are chosen, one job of every RULE by
+the same cost, and their outputs written to TARGETS_OUT, one a line; only the chosen jobs' DAG counts (a job no
+chosen job needs is not in the slice) and gets copies.
 """
 from __future__ import annotations
 
