@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.pipeline.command import compose, declaration, help_lines, names, read
+from symfusion.pipeline.command import compose, declaration, help_lines, is_stage, names, read
 from symfusion.pipeline.config import command_line_first, given_options
 from symfusion.errors import (NOTES, SymfusionError, as_symfusion_error, erase_progress, progress_wanted,
                               said_on_success)
@@ -158,16 +158,21 @@ def entry(config_name: str):
 
 
 def __getattr__(attribute: str):
-    """<name>_main, the console script of symfusion-<name> (pyproject.toml), and <name>_command, its command on a
-    composed configuration, for every stage module that declares one (pipeline/stages/<name>.py)."""
-    for suffix, make in (("_main", entry), ("_command", stage_command)):
-        if attribute.endswith(suffix) and not attribute.startswith("_"):
-            try:
-                declaration(attribute.removesuffix(suffix))
-            except KeyError:
-                break
-            return make(attribute.removesuffix(suffix))
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    """<name>_main, the console script of symfusion-<name> (pyproject.toml), for every stage module
+    (pipeline/stages/<name>.py): found without importing it, since a job the warm worker runs never needs the stage in
+    its own process; and <name>_command, its command on a composed configuration (its stage imported)."""
+    name = attribute.removesuffix("_main").removesuffix("_command")
+    if attribute.startswith("_") or name == attribute:
+        raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    if attribute.endswith("_main"):
+        if not is_stage(name):
+            raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+        return entry(name)
+    try:
+        declaration(name)
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}") from None
+    return stage_command(name)
 
 
 # What the warm worker imports before it forks: every stage module (each declares its command: command.names()),

@@ -85,9 +85,14 @@ def command(name: str):
 _NAME = re.compile(r"[a-z][a-z_]*")
 
 
+def is_stage(name: str) -> bool:
+    """Whether pipeline/stages/<name>.py exists, found without importing it (only the light stages package)."""
+    return bool(_NAME.fullmatch(name)) and importlib.util.find_spec(f"{STAGES}.{name}") is not None
+
+
 def declaration(name: str) -> type:
     """symfusion-<name>'s declaration: pipeline/stages/<name>.py imported (it registers it); KeyError if none."""
-    if name not in COMMANDS and _NAME.fullmatch(name) and importlib.util.find_spec(f"{STAGES}.{name}") is not None:
+    if name not in COMMANDS and is_stage(name):
         importlib.import_module(f"{STAGES}.{name}")
     return COMMANDS[name]
 
