@@ -61,7 +61,8 @@ class Command:
         composes a matching checks it here by the library's declaration (stages/common.match_config)."""
 
     def run(self, cfg: DictConfig) -> None:
-        """The stage, with these checked options (self) and cfg's composed groups (task, matching, ...)."""
+        """The stage, with these checked options (self) and cfg's composed groups (task, matching, ...); every
+        declaration defines its own (@command refuses one that does not), so this is never called."""
         raise NotImplementedError
 
 
@@ -73,9 +74,10 @@ def command(name: str):
     """Declare symfusion-<name>: the decorated frozen dataclass (a Command) is its options, usage, groups and run."""
     def register(declared: type) -> type:
         if not (dataclasses.is_dataclass(declared) and declared.__dataclass_params__.frozen
-                and issubclass(declared, Command) and (declared.__doc__ or "").startswith(f"symfusion-{name}")):
-            raise TypeError(f"symfusion-{name}'s declaration must be a frozen dataclass, a Command, whose docstring "
-                            f"is its usage (symfusion-{name} ...)")
+                and issubclass(declared, Command) and declared.run is not Command.run
+                and (declared.__doc__ or "").startswith(f"symfusion-{name}")):
+            raise TypeError(f"symfusion-{name}'s declaration must be a frozen dataclass, a Command with its own run, "
+                            f"whose docstring is its usage (symfusion-{name} ...)")
         declared.name = name
         COMMANDS[name] = declared
         return declared
