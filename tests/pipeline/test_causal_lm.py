@@ -195,6 +195,26 @@ def test_an_interrupted_decoder_training_resumes_to_the_same_weights(trained, tm
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
+def test_the_tasks_patience_stops_a_decoder_training_at_its_best_epoch(toy_corpora, tmp_path, monkeypatch):
+    """train.patience (the lm_english_plateau recipe's early stopping) reaches training.fit: scripted validation
+    losses 2, 3, 3 end a 5-epoch run after epoch 3, and the saved decoder is the one scored at epoch 1."""
+    task = toy_task(toy_corpora, train={"epochs": 5, "batch_size": 8, "lr": 1.0e-2, "weight_decay": 0.0,
+                                        "warmup_ratio": 0.1, "patience": 2})
+    real, scored = lm_models.evaluate_causal_lm, []
+
+    def scripted(model, blocks, batch_size=32):
+        scored.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return {**real(model, blocks, batch_size), "loss": [2.0, 3.0, 3.0, 1.0, 1.0][len(scored) - 1]}
+
+    monkeypatch.setattr(lm_models, "evaluate_causal_lm", scripted)
+    report = task.train(str(tmp_path / "stopped"), dict(TINY_LLAMA), 0)
+    assert (report["patience"], report["epochs_run"], report["stopped_early"], report["best_epoch"]) == (2, 3, True, 1)
+    assert len(scored) == 3 and report["validation_loss"] == 2.0 and report["epochs"] == 5
+    saved = load_model(tmp_path / "stopped").state_dict()
+    assert all(torch.equal(saved[k], scored[0][k]) for k in saved)
+    assert not torch.equal(scored[0]["model.norm.weight"], scored[2]["model.norm.weight"])
+
+
 def test_the_bf16_autocast_path_trains_a_decoder_and_saves_float32_weights(toy_corpora, tmp_path):
     """precision=bf16 on the CPU keeps alive the path a GPU takes with precision=auto."""
     task = toy_task(toy_corpora, train={"epochs": 1, "batch_size": 8, "lr": 1.0e-2, "weight_decay": 0.0,

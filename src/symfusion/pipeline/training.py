@@ -3,7 +3,8 @@
 A trainer (ViT from scratch in tasks/image.py, text fine-tuning in tasks/text.py, causal LMs in
 tasks/lm_models.py) builds its model, optimizer, schedule and loader, then calls `fit`: one pass over the
 loader per epoch, a validation score after each epoch, the best epoch's weights kept (the highest score, or
-the lowest with maximize=False, as a loss; ties keep the earlier epoch; NaN ranks lowest),
+the lowest with maximize=False, as a loss; ties keep the earlier epoch; NaN ranks lowest), optionally early
+stopping (`patience`: the run ends after that many epochs in a row without a better score; off by default),
 and after every epoch a checkpoint beside the output folder (`.NAME.checkpoint`) holding the model,
 the optimizer moments, the RNG states and the progress. A killed run resumes from it to the same
 weights it would have reached without the interruption; a checkpoint of another run (its fingerprint differs)
@@ -252,6 +253,12 @@ class Fitted:
     resumed_after_epoch: int | None
     seconds: float
     epoch_seconds: list[float] = field(default_factory=list)
+    stopped_early: bool = False
+
+
+def patience_spent(epoch: int, best_epoch: int | None, patience: int | None) -> bool:
+    """Whether early stopping ends a run after `epoch`: `patience` epochs since the best one (None: never)."""
+    return patience is not None and best_epoch is not None and epoch - best_epoch >= patience
 
 
 def tensors_digest(*tensors: torch.Tensor) -> str:
@@ -272,8 +279,10 @@ def run_fingerprint(fingerprint: str, model: torch.nn.Module) -> str:
 
 def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batch_loss: Callable,
         validate: Callable, epochs: int, fingerprint: str, generator: torch.Generator, metric: str,
-        maximize: bool = True) -> Fitted:
-    """Train `epochs` epochs (resuming from output's checkpoint), keep the best validation epoch in `model`.
+        maximize: bool = True, patience: int | None = None) -> Fitted:
+    """Train `epochs` epochs (resuming from output's checkpoint), keep the best validation epoch in `model`;
+    with `patience`, stop after that many epochs in a row without a better validation score (the count is the
+    epochs since the best one, so a resumed run stops where the uninterrupted one would).
 
     batch_loss(batch) -> loss tensor; validate(model) -> (score, {name: value} for the history); the best epoch
     has the highest score, or the lowest when maximize is False.
@@ -287,8 +296,13 @@ def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batc
         start_epoch, best, history = resumed
         replay_schedule(scheduler, start_epoch * len(loader))
         print(f"resumed from {checkpoint} after epoch {start_epoch}", flush=True)
+    if patience is not None and (isinstance(patience, bool) or int(patience) != patience or patience < 1):
+        raise SymfusionError(f"patience={patience!r}: a positive number of epochs, or null for no early stopping")
     start, epoch_seconds = time.perf_counter(), []
+    stopped = patience_spent(start_epoch, best["epoch"], patience)
     for epoch in range(start_epoch, epochs):
+        if stopped:
+            break
         tick = time.perf_counter()
         model.train()
         train_loss = train_epoch(loader, optimizer, scheduler, f"epoch {epoch + 1}/{epochs}", batch_loss)
@@ -300,8 +314,12 @@ def fit(output: Path, model: torch.nn.Module, optimizer, scheduler, loader, batc
             best = {"score": score, "epoch": epoch + 1,
                     "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
         save_checkpoint(checkpoint, model, optimizer, epoch + 1, best, history, fingerprint, generator)
+        stopped = patience_spent(epoch + 1, best["epoch"], patience)
+        if stopped and epoch + 1 < epochs:
+            print(f"early stop after epoch {epoch + 1}: no better validation {metric} in {patience} epochs "
+                  f"(best: epoch {best['epoch']})", flush=True)
     model.load_state_dict(best["state"])
     model.to("cpu").eval()
     return Fitted(best_score=best["score"], best_epoch=best["epoch"], history=history,
                   resumed_after_epoch=resumed[0] if resumed else None, seconds=time.perf_counter() - start,
-                  epoch_seconds=epoch_seconds)
+                  epoch_seconds=epoch_seconds, stopped_early=stopped and len(history) < epochs)

@@ -194,7 +194,8 @@ class CausalLMTask(Task):
             output, build, tokenizer, train_blocks, validation, seed=seed, epochs=int(train.epochs),
             batch_size=int(train.batch_size), lr=float(train.lr), weight_decay=float(train.weight_decay),
             warmup_ratio=float(train.warmup_ratio), eval_batch_size=int(self.cfg.eval_batch_size),
-            resolved_config=resolved_config, record=record, inputs=inputs, precision=precision)
+            resolved_config=resolved_config, record=record, inputs=inputs, precision=precision,
+            patience=train.get("patience"))
 
 
 

@@ -140,9 +140,9 @@ def train_causal_lm(output_dir: str, build: Callable[[], torch.nn.Module], token
                     validation_blocks: torch.Tensor, seed: int, epochs: int, batch_size: int, lr: float,
                     weight_decay: float, warmup_ratio: float, eval_batch_size: int = 32,
                     resolved_config: dict | None = None, record: dict | None = None, inputs: list | None = None,
-                    precision: str = "auto") -> dict:
+                    precision: str = "auto", patience: int | None = None) -> dict:
     """Train build() (seeded with `seed` first) on the train blocks, next-token loss, AdamW and a cosine schedule;
-    keep the epoch of the lowest validation loss; save the model, its tokenizer and train.json atomically.
+    keep the epoch of the lowest validation loss (`patience`: stop after that many epochs without a lower one); save the model, its tokenizer and train.json atomically.
     `record`: what the report says about the model and data (model config, base model, task, unigram baseline);
     `inputs`: folders the output must not be (a base model)."""
     if epochs < 1 or batch_size < 1:
@@ -155,12 +155,12 @@ def train_causal_lm(output_dir: str, build: Callable[[], torch.nn.Module], token
     with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=inputs or [], is_dir=True) as claim, training_run(output_dir):
         return _train(claim, Path(output_dir), build, tokenizer, train_blocks, validation_blocks, seed, epochs,
                       batch_size, lr, weight_decay, warmup_ratio, eval_batch_size, resolved_config, record or {},
-                      precision)
+                      precision, patience)
 
 
 def _train(claim, output: Path, build, tokenizer, train_blocks, validation_blocks, seed: int, epochs: int,
            batch_size: int, lr: float, weight_decay: float, warmup_ratio: float, eval_batch_size: int,
-           resolved_config, record: dict, precision: str) -> dict:
+           resolved_config, record: dict, precision: str, patience: int | None) -> dict:
     torch.manual_seed(seed)
     device = compute_device()
     amp = use_autocast(precision, device)
@@ -189,12 +189,13 @@ def _train(claim, output: Path, build, tokenizer, train_blocks, validation_block
         return scores["loss"], {"validation_loss": scores["loss"], "validation_perplexity": scores["perplexity"]}
 
     fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
-                 "loss", maximize=False)
+                 "loss", maximize=False, patience=patience)
     epoch_tokens = len(loader) * batch_size * train_blocks.shape[1]
     report = {"seed": seed, "epochs": epochs, "kind": "causal_lm", "metric": "loss", "schedule": SCHEDULE,
               "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,
               "bf16_autocast": amp, "best_epoch": fitted.best_epoch, "validation_score": fitted.best_score,
               "validation_loss": fitted.best_score, "validation_perplexity": math.exp(fitted.best_score),
+              "patience": patience, "epochs_run": len(fitted.history), "stopped_early": fitted.stopped_early,
               "history": fitted.history, "seconds": fitted.seconds,
               "seconds_per_epoch": fitted.seconds / max(1, len(fitted.epoch_seconds)),
               "train_epoch_seconds": fitted.epoch_seconds, "train_tokens_per_epoch": epoch_tokens,
