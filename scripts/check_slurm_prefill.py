@@ -5,9 +5,9 @@
 
 DRY_RUN_LOG is `snakemake -n` of the slice into the empty RUN_RESULTS and RUN_FIGURES (each job's block: "rule
 NAME:", "input: ...", "output: ...", "jobid: N", "benchmark: ..."). The jobs kept to run through SLURM are the
-targets' jobs and, for every RULE the slice must still take through SLURM, one of its jobs chosen greedily by
-cost (the local run's benchmark seconds plus the ~20 s a SLURM job pays to start), with everything Snakemake
-then reruns too: every job downstream of a kept one (its input is updated) and the producer of a kept job's
+targets' jobs and, for every RULE the slice must still take through SLURM, one of its jobs, chosen so that the
+whole slice costs least as far as a greedy choice improved rule by rule finds (`choose`; cost: the local run's
+benchmark seconds plus the ~20 s a SLURM job pays to start), with everything Snakemake then reruns too: every job downstream of a kept one (its input is updated) and the producer of a kept job's
 input that the local run no longer holds (a temp() file). Every other job's outputs are copied (never moved)
 from REFERENCE / REFERENCE_FIGURES with their modification times, so Snakemake's mtime trigger finds them up to
 date (copies carry no .snakemake metadata, so its code, params, input and software-env triggers have no record
@@ -103,26 +103,82 @@ def kept(jobs: dict[str, dict], seeds: set[str], held: set[str]) -> set[str]:
     return run
 
 
-def choose(jobs: dict[str, dict], rules: list[str], targets: set[str], held: set[str], cost: dict[str, float]):
-    """The jobs to run and each rule's chosen job: the targets' jobs and, greedily by cost per newly covered rule,
-    one job of each rule (a rule the kept jobs cover already: its cheapest kept job)."""
-    seeds = {j for j, job in jobs.items() if set(job["output"]) & targets}
-    run, chosen = kept(jobs, seeds, held), {}
+def depth(jobs: dict[str, dict]) -> dict[str, int]:
+    """Each job's depth: the most jobs on a path from a job with no producer among the jobs to it (data 0, train 1)."""
+    producer = {path: jobid for jobid, job in jobs.items() for path in job["output"]}
+    depths: dict[str, int] = {}
+
+    def of(jobid: str) -> int:
+        if jobid not in depths:
+            depths[jobid] = 0            # a cycle cannot occur in a DAG; this guards the recursion all the same
+            depths[jobid] = 1 + max((of(producer[p]) for p in jobs[jobid]["input"] if p in producer), default=-1)
+        return depths[jobid]
+    for jobid in jobs:
+        of(jobid)
+    return depths
+
+
+def completed(jobs: dict[str, dict], rules: list[str], seeds: set[str], picks: dict[str, str], held: set[str],
+              cost: dict[str, float], rule_depth: dict[str, int] | None) -> dict[str, str]:
+    """`picks` (rule -> job) with a job added for every rule the slice (the seeds' and the picks' kept jobs) does not
+    cover yet, greedily: by cost per newly covered rule, or (given rule_depth) the deepest missing rule first (tables
+    before merges before train before data), each by the cost it adds. Deepest first, an upstream job is priced with
+    what it drags of the downstream picks' DAGs, so the data or train job is chosen whose descendants they read least."""
+    picks = dict(picks)
+    run = kept(jobs, seeds | set(picks.values()), held)
     while missing := set(rules) - {jobs[j]["rule"] for j in run}:
+        if rule_depth is not None:
+            missing = {max(missing, key=lambda rule: (rule_depth[rule], rule))}
+
         def price(jobid):
-            more = kept(jobs, seeds | {jobid}, held)
+            more = kept(jobs, seeds | set(picks.values()) | {jobid}, held)
             covered = len(missing & {jobs[j]["rule"] for j in more})
             return sum(cost[j] for j in more - run) / covered, int(jobid)
         candidates = [jobid for jobid, job in jobs.items() if job["rule"] in missing]
         if not candidates:
             sys.exit(f"error: the slice has no job of rule(s) {', '.join(sorted(missing))}: add a target that needs one")
         best = min(candidates, key=price)
-        chosen[jobs[best]["rule"]] = best
-        seeds.add(best)
-        run = kept(jobs, seeds, held)
-    for rule in rules:
-        if rule not in chosen:
-            chosen[rule] = min((j for j in run if jobs[j]["rule"] == rule), key=lambda j: (cost[j], int(j)))
+        picks[jobs[best]["rule"]] = best
+        run = kept(jobs, seeds | set(picks.values()), held)
+    return picks
+
+
+def choose(jobs: dict[str, dict], rules: list[str], targets: set[str], held: set[str], cost: dict[str, float]):
+    """The jobs to run and each rule's chosen job: the targets' jobs and one job of each rule. Two greedy choices
+    (by cost per newly covered rule; deepest rule first), each improved one rule at a time while the slice's whole
+    cost falls (a rule's job swapped for another of its rule or dropped, the rules left uncovered completed again),
+    the cheaper kept. (A greedy pick is priced by what it adds to the jobs kept so far, so an early cheap pick, a
+    table reading 300 files, can make a later one dear, the train job those files descend from: only the whole
+    slice's cost sees that.) A rule the kept jobs cover without a pick of its own: its cheapest kept job."""
+    seeds = {j for j, job in jobs.items() if set(job["output"]) & targets}
+
+    def total(picks):
+        return sum(cost[j] for j in kept(jobs, seeds | set(picks.values()), held))
+
+    level = depth(jobs)
+    rule_depth = {rule: max((level[j] for j in jobs if jobs[j]["rule"] == rule), default=0) for rule in rules}
+
+    def improved(order):
+        picks = completed(jobs, rules, seeds, {}, held, cost, order)
+        best, better = total(picks), True
+        while better:
+            better = False
+            for rule in sorted(picks):
+                others = {r: j for r, j in picks.items() if r != rule}
+                for option in [None] + sorted((j for j in jobs if jobs[j]["rule"] == rule and j != picks[rule]),
+                                              key=int):
+                    trial = completed(jobs, rules, seeds, others if option is None else {**others, rule: option},
+                                      held, cost, order)
+                    if (trial_total := total(trial)) < best - 1e-9:
+                        picks, best, better = trial, trial_total, True
+                        break
+                if better:
+                    break
+        return best, picks
+    picks = min(improved(None), improved(rule_depth), key=lambda found: found[0])[1]
+    run = kept(jobs, seeds | set(picks.values()), held)
+    chosen = {rule: picks.get(rule) or min((j for j in run if jobs[j]["rule"] == rule), key=lambda j: (cost[j], int(j)))
+              for rule in rules}
     return run, chosen
 
 

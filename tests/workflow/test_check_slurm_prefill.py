@@ -1,5 +1,6 @@
 """scripts/check_slurm_prefill.py: which jobs of a slice run through SLURM, and the copies of the others' outputs."""
 import importlib.util
+import itertools
 import os
 from pathlib import Path
 
@@ -119,6 +120,33 @@ def test_targets_chosen(tmp_path, local):
         assert sorted(chosen) == sorted(rules) and all(jobs[j]["rule"] == rule for rule, j in chosen.items())
         for rule, jobid in chosen.items():     # no job of the rule in the slice is cheaper
             assert cost[jobid] == min(cost[j] for j in run if jobs[j]["rule"] == rule)
+
+
+def test_choice_sees_the_whole_slice():
+    """A cheap upstream pick can drag a downstream pick's whole DAG along (in CI a data job chosen before a table
+    reading 324 files made 71 jobs of a slice that 20 cover): the choice is the cheapest whole slice, as a brute
+    force over one job per rule finds it, where the greedy by cost per covered rule alone pays half as much again.
+    Data d1 -> train t1 -> four merges -> the one table; data d2 (dearer) -> train t2 -> one merge the table does
+    not read. Every output is held by the local run."""
+    spec = [("1", "data", [], ["a"]), ("2", "data", [], ["b"]), ("3", "train", ["a"], ["ma"]),
+            ("4", "train", ["b"], ["mb"])]
+    spec += [(str(5 + i), "merge", ["ma"], [f"e{i}"]) for i in range(4)] + [("9", "merge", ["mb"], ["e4"])]
+    spec += [("10", "table", ["e0", "e1", "e2", "e3"], ["table.csv"])]
+    jobs = {jobid: {"rule": rule, "input": inputs, "output": outputs, "benchmark": None, "jobid": jobid}
+            for jobid, rule, inputs, outputs in spec}
+    cost = {"1": 1.0, "2": 5.0, "3": 1.0, "4": 1.0, "5": 3.0, "6": 3.0, "7": 3.0, "8": 3.0, "9": 3.0, "10": 1.0}
+    held = {path for job in jobs.values() for path in job["output"]}
+    rules = ["data", "train", "merge", "table"]
+
+    def whole(picks):
+        return sum(cost[j] for j in prefill.kept(jobs, set(picks), held))
+    options = [[j for j in jobs if jobs[j]["rule"] == rule] for rule in rules]
+    cheapest = min(whole(picks) for picks in itertools.product(*options))
+    greedy = prefill.completed(jobs, rules, set(), {}, held, cost, None)
+    assert whole(greedy.values()) == 15.0 and cheapest == 10.0     # d1, t1 and a merge drag all four merges
+    run, chosen = prefill.choose(jobs, rules, set(), held, cost)
+    assert sum(cost[j] for j in run) == cheapest
+    assert chosen == {"data": "2", "train": "4", "merge": "5", "table": "10"} and run == set(chosen.values())
 
 
 def test_choose_writes_targets(tmp_path, local, capsys):
