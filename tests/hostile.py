@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from symfusion.pipeline import cli, many_command
+from symfusion.pipeline import cli
 from symfusion.errors import SymfusionError
 from symfusion.pipeline.report.registry import KIND_FILES, experiment
 
@@ -419,9 +419,8 @@ COMMANDS = {
                                  "output={out}/multi.json", "output_models={out}/multi"),
     "symfusion-report table": _report("table2", ".csv"),
     "symfusion-report figure": _report("fig5_barrier", ".png"),
-    "symfusion-align-many": lambda world, out: ((lambda: _exit(many_command.main([str(world / "vit_a"), str(world / "vit_b"),
-                                                                                  "--output", str(out / "many")]))),
-                                                 [out / "many"]),
+    "symfusion-align-many": _cli("align_many_main", ["many"], "models=[{world}/vit_a,{world}/vit_b]",
+                                 "output={out}/many"),
     "align": lambda world, out: ((lambda: __import__("symfusion").align(str(world / "llama_b"), str(world / "llama_a"),
                                                                         output=out / "aligned")), [out / "aligned"]),
 }

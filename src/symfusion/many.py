@@ -59,7 +59,7 @@ WRITER = "symfusion-align-many / align_many()"
 
 def align_many(models, matching: MatchConfig | str = "full_symmetry", output=None,
                max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS,
-               progress: bool | None = None, data: list[dict] | None = None):
+               progress: bool | None = None, data: list[dict] | None = None, record: dict | None = None):
     """Move k >= 2 models of one family and shapes into one shared basis; returns (aligned, report).
 
     models: nn.Modules (aligned: k new modules) or model folders (output=DIR is required; aligned: the k folders
@@ -69,14 +69,17 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py).
     max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
     left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
-    says; it never changes the result)."""
-    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress, data)
+    says; it never changes the result). record: more fields for the report (a command's provenance, where its data
+    came from), written into many.json too."""
+    config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress, data,
+                              record)
     name = matching if isinstance(matching, str) else None
     with library_call(progress):
         if isinstance(models[0], torch.nn.Module):
-            return _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data)
+            aligned, report = _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data)
+            return aligned, {**report, **(record or {})}
         return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
-                              max_rounds, data)
+                              max_rounds, data, record)
 
 
 def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int, data=None):
@@ -123,7 +126,7 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
 
 
 def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, tolerance: float, max_rounds: int,
-                   data=None):
+                   data=None, record=None):
     """align_many() of model folders, its arguments checked: each read as align() reads a model, then written as
     output/model_i (the source's layout and dtypes, checked as written) beside many.json; (the k folders, report)."""
     start = time.perf_counter()
@@ -149,7 +152,7 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
             folders = [output / f"model_{i}" for i in range(len(paths))]
             written = {**{k: v for k, v in report.items() if k != "transforms"}, "sources": [str(p) for p in paths],
                        "outputs": [str(f) for f in folders], "seconds_total": time.perf_counter() - start,
-                       "provenance": provenance(None)}
+                       "provenance": provenance(None), **(record or {})}
             write_json(written, tmp / "many.json")
     return folders, {**written, "transforms": report["transforms"]}
 
@@ -173,7 +176,7 @@ def _write_like(source: Path, model: torch.nn.Module, moved: dict, target: Path,
     return {"relative_output_change": change, "tolerance": limit}
 
 
-def _check_arguments(models, matching, output, tolerance, max_rounds, progress, data) -> MatchConfig:
+def _check_arguments(models, matching, output, tolerance, max_rounds, progress, data, record) -> MatchConfig:
     """align_many()'s arguments, each of its type (one SymfusionError line naming the first that is not)."""
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
         raise SymfusionError(f"align_many(): models must be a list of nn.Modules or of model folders, got "
@@ -205,22 +208,31 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress, 
     if data is not None and (not isinstance(data, (list, tuple)) or not all(isinstance(b, Mapping) for b in data)):
         raise SymfusionError(f"align_many(): data must be a list of batches (dicts of model inputs) or None, got "
                              f"{type(data).__name__}")
+    if record is not None and not (isinstance(record, Mapping) and all(isinstance(k, str) for k in record)):
+        raise SymfusionError(f"align_many(): record must be a dict of report fields (str keys) or None, got "
+                             f"{type(record).__name__}")
     config = matching_config(matching) if isinstance(matching, str) else matching
     given = matching if isinstance(matching, str) else "given"
-    if config.residual_solve != "weights" or config.refine == "synthetic":
-        raise SymfusionError(f"align_many(): matching {given} starts from activations or runs the models on inputs it "
-                             "makes; the k-way start is data-free (full_symmetry), its learned form reads data "
-                             "(full_symmetry_learned with data=...)")
+    k_way_matching(config, given)
     if config.refine == "loss" and not data:
         raise SymfusionError(f"align_many(): matching {given} learns on the loss of mixtures: give data=[batches of "
                              "model inputs, with labels]")
     if data and config.refine != "loss":      # it would be unread
         raise SymfusionError(f"align_many(): matching {given} reads the weights only, no data: leave data out, or "
                              "choose full_symmetry_learned")
+    return config
+
+
+def k_way_matching(config: MatchConfig, given: str) -> None:
+    """Refuse, in one SymfusionError line, a matching the k-way solver cannot run (whatever the data): one that starts
+    from activations or runs the models on inputs it makes, or unties (`given`: its name, for the line)."""
+    if config.residual_solve != "weights" or config.refine == "synthetic":
+        raise SymfusionError(f"align_many(): matching {given} starts from activations or runs the models on inputs it "
+                             "makes; the k-way start is data-free (full_symmetry), its learned form reads data "
+                             "(full_symmetry_learned with data=...)")
     if config.untie:
         raise SymfusionError("align_many(): matching.untie=true is pairwise only for now (align()); align k models "
                              "kept tied, or untie them first")
-    return config
 
 
 @torch.no_grad()

@@ -1,12 +1,11 @@
-"""symfusion.align_many() on model folders and symfusion-align-many: k folders read as align() reads them, written as
-k standard folders (loadable by transformers, each computing its source's function, in its source's layout) and
-many.json; hostile folders (every class of tests/hostile.py), bad arguments and unsafe outputs are one line, exit 2,
-nothing written."""
+"""symfusion.align_many() on model folders: k folders read as align() reads them, written as k standard folders
+(loadable by transformers, each computing its source's function, in its source's layout) and many.json; hostile
+folders (every class of tests/hostile.py), bad arguments and unsafe outputs are one line, nothing written
+(symfusion-align-many, the command on top: tests/pipeline/test_align_many_command.py)."""
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ import transformers as tf
 
 import symfusion
 from symfusion.errors import SymfusionError
-from symfusion.pipeline import many_command
 from hostile import INDEX, MUTATIONS, applicable, assert_refused, leftovers, outcome, snapshot
 from tiny_models import randomize
 
@@ -69,15 +67,6 @@ def test_folders_in_and_k_standard_folders_out(folders, tmp_path):
     assert [snapshot(p) for p in folders] == inputs and leftovers(out) == []
 
 
-def test_the_console_script_writes_the_same_folders(folders, tmp_path):
-    out = tmp_path / "cli"
-    code, text = outcome(lambda: sys.exit(many_command.main([str(p) for p in folders[:2]] +
-                                                             ["--output", str(out), "--max-rounds", "1"])))
-    assert code == 0, text
-    _, report = symfusion.align_many([str(p) for p in folders[:2]], output=tmp_path / "api", max_rounds=1)
-    assert json.loads((out / "many.json").read_text())["objective"] == report["objective"]
-
-
 def bad_calls(folders: list[Path], world: Path, out: Path) -> dict:
     """Name -> a call that must be refused (one line, nothing written)."""
     a, b = (str(p) for p in folders[:2])
@@ -85,7 +74,6 @@ def bad_calls(folders: list[Path], world: Path, out: Path) -> dict:
     plain.mkdir(exist_ok=True)
     (plain / "notes.txt").write_text("mine")
     module = tf.ViTForImageClassification(tf.ViTConfig(**VIT))
-    cli = lambda *args: lambda: sys.exit(many_command.main(list(args)))     # noqa: E731
     return {
         "no output": lambda: symfusion.align_many([a, b]),
         "one model": lambda: symfusion.align_many([a], output=out),
@@ -95,15 +83,12 @@ def bad_calls(folders: list[Path], world: Path, out: Path) -> dict:
         "another family": lambda: symfusion.align_many([a, str(world / "bert")], output=out),
         "other shapes": lambda: symfusion.align_many([a, str(world / "wide")], output=out),
         "a data matching": lambda: symfusion.align_many([a, b], output=out, matching="full_symmetry_learned"),
-        "cli: one model": cli(a, "--output", str(out)),
-        "cli: no output": cli(a, b),
-        "cli: rounds": cli(a, b, "--output", str(out), "--max-rounds", "many"),
-        "cli: matching": cli(a, b, "--output", str(out), "--matching", "no_such"),
-        "cli: learned, no data": cli(a, b, "--output", str(out), "--matching", "full_symmetry_learned"),
+        "a bad record": lambda: symfusion.align_many([a, b], output=out, record=["provenance"]),
     }
 
 
-def test_bad_arguments_are_one_line_and_write_nothing(folders, tmp_path):
+def make_world(tmp_path: Path) -> Path:
+    """A folder with a BERT (another family) and a wider ViT (other shapes) beside the tiny ViTs."""
     world = tmp_path / "world"
     world.mkdir()
     tf.BertForSequenceClassification(tf.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
@@ -111,6 +96,11 @@ def test_bad_arguments_are_one_line_and_write_nothing(folders, tmp_path):
         str(world / "bert"))
     randomize(tf.ViTForImageClassification(tf.ViTConfig(**{**VIT, "intermediate_size": 32})), 5).save_pretrained(
         str(world / "wide"))
+    return world
+
+
+def test_bad_arguments_are_one_line_and_write_nothing(folders, tmp_path):
+    world = make_world(tmp_path)
     out = world / "out"
     for name, call in bad_calls(folders, world, out).items():
         before = snapshot(world, out)
@@ -137,10 +127,9 @@ FIRST_OF_EACH_CLASS = [(kind, next(m for m in ms if m.__name__ != "config_heads"
 
 
 @pytest.mark.parametrize("kind,mutation", FIRST_OF_EACH_CLASS, ids=[k for k, _ in FIRST_OF_EACH_CLASS])
-@pytest.mark.parametrize("entry", ["api", "cli"])
-def test_a_hostile_folder_is_refused(folders, tmp_path, kind, mutation, entry):
-    """One hostile change of each red-team class (tests/hostile.py) to the second folder, through align_many() and
-    symfusion-align-many: one line, exit 2, nothing outside the output changed, no output, no lock or temp."""
+def test_a_hostile_folder_is_refused(folders, tmp_path, kind, mutation):
+    """One hostile change of each red-team class (tests/hostile.py) to the second folder, through align_many(): one
+    line, nothing outside the output changed, no output, no lock or temp."""
     world = tmp_path / "world"
     (world / "outside").mkdir(parents=True)
     good = shutil.copytree(folders[1], world / "good")
@@ -149,7 +138,5 @@ def test_a_hostile_folder_is_refused(folders, tmp_path, kind, mutation, entry):
     mutation(source, world / "outside")
     out = world / "out"
     before = snapshot(world, out)
-    call = (lambda: symfusion.align_many([str(good), str(source)], output=out)) if entry == "api" else \
-        (lambda: sys.exit(many_command.main([str(good), str(source), "--output", str(out)])))
-    code, text = outcome(call)
-    assert_refused(code, text, world, before, out, f"{entry} after {mutation.__name__}")
+    code, text = outcome(lambda: symfusion.align_many([str(good), str(source)], output=out))
+    assert_refused(code, text, world, before, out, f"api after {mutation.__name__}")

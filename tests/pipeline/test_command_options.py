@@ -39,14 +39,15 @@ def test_the_configuration_is_exactly_the_declared_options_at_their_defaults(nam
 
 
 def test_every_stage_module_declares_its_command_and_every_script_resolves():
-    stages = sorted(p.stem for p in (ROOT / "src/symfusion/pipeline/stages").glob("*.py")
+    stages = sorted(p.stem.replace("_", "-") for p in (ROOT / "src/symfusion/pipeline/stages").glob("*.py")
                     if p.stem not in ("__init__", "common", "mergekit"))       # helpers of several stages
-    assert COMMANDS == stages
-    scripts = re.findall(r'^symfusion-(\w+) = "symfusion\.pipeline\.cli:(\w+)"', (ROOT / "pyproject.toml").read_text(),
-                         re.M)
+    assert COMMANDS == stages                 # symfusion-align-many's module: stages/align_many.py
+    scripts = re.findall(r'^symfusion-([\w-]+) = "symfusion\.pipeline\.cli:(\w+)"',
+                         (ROOT / "pyproject.toml").read_text(), re.M)
     assert sorted(name for name, _ in scripts if name != "worker") == COMMANDS
     for name, script in scripts:
         assert callable(getattr(cli, script)), script         # <name>_main of every console script
+        assert script == f"{name.replace('-', '_')}_main"
     with pytest.raises(AttributeError):
         cli.frobnicate_main
     with pytest.raises(KeyError):
@@ -84,6 +85,15 @@ def test_a_declaration_must_be_a_frozen_dataclass_with_its_usage():
         with pytest.raises(TypeError, match="frozen dataclass"):
             command.command(name)(declared)
         assert name not in command.COMMANDS
+
+    @dataclasses.dataclass(frozen=True)
+    class Underscored(command.Command):
+        """symfusion-two_words"""
+        def run(self, cfg) -> None:
+            pass
+    with pytest.raises(TypeError, match="hyphens"):       # its console script would be symfusion-two-words
+        command.command("two_words")(Underscored)
+    assert "two_words" not in command.COMMANDS
 
 
 def test_the_configuration_node_is_the_groups_then_the_options():

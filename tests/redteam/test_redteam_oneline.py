@@ -66,12 +66,12 @@ def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
                               "table2 can read")],       # after its progress bar
         "symfusion-compare": [([], "run_dir"), ([str(w), "--tolerance", "much"], "--tolerance"),
                               ([str(w), "--colour"], "unrecognized"), ([str(w / "nope")], "not a directory")],
-        "symfusion-align-many": [([str(w / "vit_a"), "--output", str(o / "m")], "k >= 2"),
-                                 ([str(w / "vit_a"), str(w / "bert_a"), "--output", str(o / "m")], "model_type"),
-                                 ([str(w / "vit_a"), str(w / "vit_b")], "--output"),
-                                 ([str(w / "vit_a"), str(w / "vit_b"), "--output", str(w / "vit_a")], "input"),
-                                 ([str(w / "vit_a"), str(w / "vit_b"), "--output", str(o / "m"), "--max-rounds", "-1"],
-                                  "--max-rounds")],
+        "symfusion-align-many": [([f"models=[{w / 'vit_a'}]", f"output={o / 'm'}"], "models"),
+                                 ([f"models=[{w / 'vit_a'},{w / 'bert_a'}]", f"output={o / 'm'}"], "model_type"),
+                                 ([f"models=[{w / 'vit_a'},{w / 'vit_b'}]"], "output"),
+                                 ([f"models=[{w / 'vit_a'},{w / 'vit_b'}]", f"output={w / 'vit_a'}"], "input"),
+                                 ([f"models=[{w / 'vit_a'},{w / 'vit_b'}]", f"output={o / 'm'}", "max_rounds=-1"],
+                                  "max_rounds")],
         "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),
                              ([str(w / "shared" / "socket")], "folder")],
     }

@@ -1,4 +1,4 @@
-"""The console scripts of the stages (symfusion-data, -train, -match, -merge, -statistics, -evaluate, -barrier, -layers, -multimodel, -report): a command line composed, checked and run by the command its stage module declares.
+"""The console scripts of the stages (symfusion-data, -train, -match, -merge, -statistics, -evaluate, -barrier, -layers, -multimodel, -report, -align-many): a command line composed, checked and run by the command its stage module declares.
 
 Each stage module (pipeline/stages/<name>.py) declares its command once (pipeline/command.py: its options, groups,
 usage and run); symfusion-<name>'s console script is <name>_main here (pyproject.toml), which imports only that
@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from symfusion.io import marks
 from symfusion.pipeline.allocator import keep_freed_memory
 from symfusion.pipeline import warm
-from symfusion.pipeline.command import compose, declaration, help_lines, is_stage, names, read
+from symfusion.pipeline.command import command_name, compose, declaration, help_lines, is_stage, names, read
 from symfusion.pipeline.config import command_line_first, given_options
 from symfusion.errors import (NOTES, SymfusionError, as_symfusion_error, erase_progress, progress_wanted,
                               said_on_success)
@@ -161,8 +161,9 @@ def __getattr__(attribute: str):
     """<name>_main, the console script of symfusion-<name> (pyproject.toml), for every stage module
     (pipeline/stages/<name>.py): found without importing it, since a job the warm worker runs never needs the stage in
     its own process; and <name>_command, its command on a composed configuration (its stage imported)."""
-    name = attribute.removesuffix("_main").removesuffix("_command")
-    if attribute.startswith("_") or name == attribute:
+    stem = attribute.removesuffix("_main").removesuffix("_command")
+    name = command_name(stem)                           # align_many_main: symfusion-align-many
+    if attribute.startswith("_") or stem == attribute:
         raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
     if attribute.endswith("_main"):
         if not is_stage(name):

@@ -1,6 +1,7 @@
 """A stage's command, declared once in its stage module: its options (type, default, check, help), the config groups it composes, its usage and what it runs.
 
-A stage module (pipeline/stages/<name>.py) declares symfusion-<name> with @command("<name>") on a frozen dataclass:
+A stage module (pipeline/stages/<name>.py) declares symfusion-<name> with @command("<name>") on a frozen dataclass
+(a name of several words has hyphens, its module underscores: symfusion-align-many in stages/align_many.py);
 its docstring is the usage line, `groups` the config groups it composes (Hydra's defaults list: group -> default
 option), each field an option (its type, its default value, its check and its one-line help: option()), and its
 run(cfg) runs the stage with the checked options (self) and the composed groups (cfg). From that one declaration:
@@ -73,6 +74,8 @@ COMMANDS: dict[str, type] = {}
 def command(name: str):
     """Declare symfusion-<name>: the decorated frozen dataclass (a Command) is its options, usage, groups and run."""
     def register(declared: type) -> type:
+        if not _NAME.fullmatch(name):
+            raise TypeError(f"a command's name is lower-case words joined by hyphens, got {name!r}")
         if not (dataclasses.is_dataclass(declared) and declared.__dataclass_params__.frozen
                 and issubclass(declared, Command) and declared.run is not Command.run
                 and (declared.__doc__ or "").startswith(f"symfusion-{name}")):
@@ -84,18 +87,26 @@ def command(name: str):
     return register
 
 
-_NAME = re.compile(r"[a-z][a-z_]*")
+_NAME = re.compile(r"[a-z]+(-[a-z]+)*")
+
+
+def command_name(name: str) -> str:
+    """The command's name (align-many) of its name or of its stage module's (align_many)."""
+    return name.replace("_", "-")
 
 
 def is_stage(name: str) -> bool:
-    """Whether pipeline/stages/<name>.py exists, found without importing it (only the light stages package)."""
-    return bool(_NAME.fullmatch(name)) and importlib.util.find_spec(f"{STAGES}.{name}") is not None
+    """Whether pipeline/stages/<name>.py exists (a hyphen of the name an underscore of the module), found without
+    importing it (only the light stages package)."""
+    return bool(_NAME.fullmatch(command_name(name))) and \
+        importlib.util.find_spec(f"{STAGES}.{name.replace('-', '_')}") is not None
 
 
 def declaration(name: str) -> type:
     """symfusion-<name>'s declaration: pipeline/stages/<name>.py imported (it registers it); KeyError if none."""
+    name = command_name(name)
     if name not in COMMANDS and is_stage(name):
-        importlib.import_module(f"{STAGES}.{name}")
+        importlib.import_module(f"{STAGES}.{name.replace('-', '_')}")
     return COMMANDS[name]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from symfusion.alignment.api import align
 from symfusion.errors import note
@@ -24,17 +25,35 @@ def run_match(source: str, anchor: str, output: str, matching: MatchConfig, matc
     data_batches = Match.data_batches if data_batches is None else data_batches
     data_split = Match.data_split if data_split is None else data_split
     source_dir, anchor_dir = require_folder(source, "source"), require_folder(anchor, "anchor")
-    data = origin = None
-    if data_task is not None:
-        config = load_config(source_dir)            # the model its tensors are (modelio.model_class), on the meta device
-        data_task.check_model(skeleton_of(config, source_dir, model_class(config, weight_map(source_dir)[0])),
-                              str(source_dir))
-        data = data_task.statistic_batches(data_batches, source_dir, data_split)
-        origin = {"task": data_task.name, "split": data_split, "batches": len(data)}
+    data, origin = task_data(data_task, [source_dir], data_batches, data_split)
     _, report = align(source_dir, anchor_dir, matching, output, layers=layers, last_layers=last_layers,
                       max_relative_output_change=max_relative_output_change, data=data,
                       record={"matching": matching_name, "data": origin, "provenance": provenance(resolved_config)})
     return report
+
+
+def task_data(data_task, folders: list[Path], batches: int, split: str) -> tuple[list | None, dict | None]:
+    """(data_task's statistic batches: `batches` of its `split`, read for the first folder's model; where they came
+    from, for the report), each folder's model checked against the task first (one error line); (None, None) for no
+    task."""
+    if data_task is None:
+        return None, None
+    for folder in folders:
+        config = load_config(folder)            # the model its tensors are (modelio.model_class), on the meta device
+        data_task.check_model(skeleton_of(config, folder, model_class(config, weight_map(folder)[0])), str(folder))
+    data = data_task.statistic_batches(batches, folders[0], split)
+    return data, {"task": data_task.name, "split": split, "batches": len(data)}
+
+
+# The data options of a command that reads a task's batches for a data-driven matching (symfusion-match,
+# symfusion-align-many): option(*DATA_TASK) ...
+DATA_TASK = (text(optional=True), "the task whose statistic batches a matching that reads activations or the loss "
+             "reads (matching.residual_solve=activations, matching.refine=loss)")
+# The learned refinement takes one batch per step: 200 distinct train batches lower the mini ViTs' learned
+# barrier against 16 validation batches (reused) over 3 pairs, at the same cost (docs/matching.md).
+DATA_BATCHES = (integer(1), "how many batches of the task's fusion_batch_size examples (a smaller split gives what "
+                "it has)", 200)
+DATA_SPLIT = (choice("validation", "train"), "which split they come from (never test)", "train")
 
 
 @command("match")
@@ -53,14 +72,9 @@ class Match(Command):
     max_relative_output_change: float = option(
         number(0, strict_low=True), "refuse a matched model whose outputs differ from the source's by more than this, "
         "relative to the largest output magnitude (a symmetry must not change the function)", 1.0e-3)
-    data_task: str | None = option(text(optional=True), "the task whose statistic batches a matching that reads "
-                                   "activations or the loss reads (matching.residual_solve=activations, "
-                                   "matching.refine=loss)")
-    # The learned refinement takes one batch per step: 200 distinct train batches lower the mini ViTs' learned
-    # barrier against 16 validation batches (reused) over 3 pairs, at the same cost (docs/matching.md).
-    data_batches: int = option(integer(1), "how many batches of the task's fusion_batch_size examples (a smaller "
-                               "split gives what it has)", 200)
-    data_split: str = option(choice("validation", "train"), "which split they come from (never test)", "train")
+    data_task: str | None = option(*DATA_TASK)
+    data_batches: int = option(*DATA_BATCHES)
+    data_split: str = option(*DATA_SPLIT)
 
     def check(self, cfg, given: set[str]) -> None:
         check_data_options(cfg, match_config(cfg), given)
