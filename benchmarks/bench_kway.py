@@ -18,6 +18,9 @@ per round (in the folded gauge the whole-group solver measures), why it stopped,
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
 pairwise solve: the folded distance and the Simple (midpoint) merge.
     python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4] [--learned]
+With --summary G1.json G2.json ... (each a --out of a full run on one group of k models): each group's row per way
+and the mean over groups with its 95% t interval (the issue's targets: the learned barrier <= 5% of naive
+averaging's, the data-free one <= 30% and below anchor matching's, the centroid >= the pairwise full_symmetry mean).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from symfusion.io.untie import is_tied
 from symfusion.io.modelio import load_model
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.pipeline.config import load_group
+from symfusion.pipeline.report.spread import over_pairs
 from symfusion.pipeline.tasks import make_task
 from symfusion.symmetry import apply_transform
 
@@ -151,6 +155,54 @@ def learned_only(args, models, states, task, work) -> None:
                                         "batches": args.data_batches}, indent=1))
 
 
+def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    """'mean [low, high]' over groups (the 95% t interval), or the one value."""
+    spread = over_pairs({str(i): v * scale for i, v in enumerate(values)})
+    if spread["pairs"] < 2:
+        return f"{spread['mean']:.{digits}f} (1 group)"
+    return f"{spread['mean']:.{digits}f} [{spread['low']:.{digits}f}, {spread['high']:.{digits}f}]"
+
+
+def summary(paths: list[Path]) -> None:
+    """--summary: per group and over groups (mean [95% t interval]) from the JSONs of full runs."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    labels = [" ".join(r.get("names") or [p.stem]) for r, p in zip(runs, paths)]
+    ways = [w for w in runs[0]["rows"] if all(w in r["rows"] for r in runs)]
+    print(f"{len(runs)} groups ({'; '.join(labels)}), {', '.join(sorted({r['cpu'] for r in runs}))}\n")
+    print("| way | group | centroid accuracy % | centroid loss | simplex barrier | % of naive's |")
+    print("|---|---|---|---|---|---|")
+    percent = {w: [100 * r["rows"][w]["barrier"] / r["rows"]["naive"]["barrier"] for r in runs] for w in ways}
+    for way in ways:
+        rows = [r["rows"][way] for r in runs]
+        for label, row, share in zip(labels, rows, percent[way]):
+            print(f"| {way} | {label} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+                  f"{row['barrier']:.4f} | {share:.1f} |")
+        print(f"| **{way}** | mean [95% t] | {interval([r['centroid']['accuracy'] for r in rows], 100)} | "
+              f"{interval([r['centroid']['loss'] for r in rows], digits=4)} | "
+              f"{interval([r['barrier'] for r in rows], digits=4)} | {interval(percent[way], digits=1)} |")
+    for name, key in (("best end model", "best"), ("logit ensemble", "ensemble")):
+        print(f"| {name} | mean [95% t] | {interval([r[key]['accuracy'] for r in runs], 100)} | "
+              f"{interval([r[key]['loss'] for r in runs], digits=4)} | | |")
+    print()
+    for better, worse in (("universe", "anchor"), ("learned", "anchor_learned"), ("learned", "universe")):
+        if better in ways and worse in ways:
+            barrier = [r["rows"][better]["barrier"] - r["rows"][worse]["barrier"] for r in runs]
+            accuracy = [r["rows"][better]["centroid"]["accuracy"] - r["rows"][worse]["centroid"]["accuracy"]
+                        for r in runs]
+            print(f"paired {better} - {worse}: barrier {interval(barrier, digits=4)} (per group "
+                  f"{', '.join(f'{b:+.4f}' for b in barrier)}); centroid accuracy {interval(accuracy, 100)} points "
+                  f"(per group {', '.join(f'{100 * a:+.2f}' for a in accuracy)})")
+    ratio = [r["rows"]["universe"]["seconds"] / (len(r["pairwise_cpu"]) + 1) / (sum(r["pairwise_cpu"]) /
+             len(r["pairwise_cpu"])) for r in runs if r.get("pairwise_cpu")]
+    if len(ratio) == len(runs):
+        print(f"the data-free universe's solve / k pairwise full_symmetry solves (CPU s, same run): {interval(ratio)} "
+              f"(per group {', '.join(f'{x:.2f}' for x in ratio)})")
+    for way in ("anchor_learned", "learned"):
+        seconds = [r.get("cpu_all_in", {}).get(way) for r in runs]
+        if all(x is not None for x in seconds):
+            print(f"{way}: {interval(seconds, digits=1)} CPU s all-in (per group {', '.join(f'{x:.1f}' for x in seconds)})")
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -168,7 +220,10 @@ def main() -> None:
     parser.add_argument("--learned-only", action="store_true", help="only the learned rows (and their evaluation)")
     parser.add_argument("--no-anchor-learned", action="store_true", help="leave out the anchor_learned row")
     parser.add_argument("--no-kway-learned", action="store_true", help="leave out the learned (k-way) row")
+    parser.add_argument("--summary", type=Path, nargs="+", help="only the table over groups of these --out JSONs")
     args = parser.parse_args()
+    if args.summary:
+        return summary(args.summary)
     torch.set_num_threads(1)
     models = [load_model(str(args.models / n)).eval() for n in args.names]
     states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
@@ -256,9 +311,10 @@ def main() -> None:
               f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "best": best, "ensemble": logit, "k2": k2,
-                                        "pairwise_seconds": pairwise_seconds, "pairwise_cpu": pairwise_cpu,
-                                        "ends": ends_full}, indent=1))
+        args.out.write_text(json.dumps({"cpu": cpu_name(), "names": args.names, "rows": rows, "best": best,
+                                        "ensemble": logit, "k2": k2, "pairwise_seconds": pairwise_seconds,
+                                        "pairwise_cpu": pairwise_cpu, "cpu_all_in": cpu_of, "ends": ends_full,
+                                        "steps": args.learned_steps if args.learned else None}, indent=1))
 
 
 if __name__ == "__main__":
