@@ -12,6 +12,7 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file, save_file
 
+from forked import run_forked
 from tiny_models import randomize, tiny_model
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -166,61 +167,10 @@ def snapshot(root: Path) -> list:
     return sorted((str(p.relative_to(root)), p.is_dir() or p.read_bytes()) for p in root.rglob("*"))
 
 
-# One Python process imports what symfusion-worker imports (every stage, cli.worker_modules()), then forks a new
-# process per case (two at a time), as the warm worker forks its jobs (cli._fresh_process_state in the child; the
-# workflow runs every stage this way, tests/pipeline/test_warm.py): each case is its own process, its fds 1 and 2 its
-# own files, its argv `-c ARGS` as under `python -c "...; m()"`, and it ends through the interpreter's own exit (an
-# exception or SystemExit raised by the command leaves the top level: traceback, exit code and atexit as in a fresh
-# process). 55 fresh interpreters paid the imports (2-3 CPU s) 55 times: 89 s of the suite on a 2-core Xeon.
-FORKING_DRIVER = """
-import gc, importlib, json, os, sys
-from symfusion.pipeline import cli
-for name in cli.worker_modules():
-    importlib.import_module(name)
-for name in cli.WORKER_PRELOAD_OPTIONAL:
-    try:
-        importlib.import_module(name)
-    except ImportError:          # as the worker: a package this installation lacks is imported by no case
-        pass
-gc.freeze()
-threads = sys.modules["torch"].get_num_threads()
-cases, out = json.loads(sys.stdin.read()), sys.argv[1]
-running, codes = {}, {}
-
-
-def reap():
-    pid, status = os.wait()
-    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-
-
-for index, (command, args) in enumerate(cases):
-    if len(running) == 2:
-        reap()
-    sys.stdout.flush(), sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        for fd, stream in ((1, "out"), (2, "err")):
-            os.dup2(os.open(os.path.join(out, f"{index}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL), fd)
-        sys.argv = ["-c", *args]
-        cli._fresh_process_state(threads)
-        getattr(cli, command + "_main")()
-        sys.exit(0)
-    running[pid] = index
-while running:
-    reap()
-print(json.dumps([codes[index] for index in range(len(cases))]))
-"""
-
-
 def run_all(cases: list[tuple[str, list[str]]], out: Path) -> list[subprocess.CompletedProcess]:
-    """Each (command, args) run as its own process forked from one that imported symfusion.pipeline.cli."""
-    driver = subprocess.run([sys.executable, "-c", FORKING_DRIVER, str(out)], input=json.dumps(cases),
-                            capture_output=True, text=True, timeout=1800, env=ENV)
-    assert driver.returncode == 0, driver.stderr[-2000:]
-    codes = json.loads(driver.stdout.strip().splitlines()[-1])
-    return [subprocess.CompletedProcess([command, *args], code, (out / f"{index}.out").read_text(),
-                                        (out / f"{index}.err").read_text())
-            for index, ((command, args), code) in enumerate(zip(cases, codes))]
+    """Each (command, args) run as its own process forked from one that imported what symfusion-worker imports
+    (tests/forked.py: 55 fresh interpreters paid the imports 55 times)."""
+    return run_forked([(f"symfusion.pipeline.cli:{command}_main", args) for command, args in cases], out, ENV)
 
 
 @pytest.mark.slow
