@@ -51,10 +51,11 @@ def weights(folder: Path) -> dict:
     return tf.ViTForImageClassification.from_pretrained(str(folder)).state_dict()
 
 
-def test_the_command_writes_the_folders_align_many_writes(folders, tmp_path):
+def test_the_command_writes_the_folders_align_many_writes(folders, tmp_path, capsys):
     out = tmp_path / "cli"
     code, text = outcome(command(models(folders[:2]), f"output={out}", "max_rounds=1"))
     assert code == 0, text
+    assert capsys.readouterr().out.startswith(f"wrote 2 aligned folders to {out} (full_symmetry; J ")
     _, report = symfusion.align_many([str(p) for p in folders[:2]], output=tmp_path / "api", max_rounds=1)
     saved = json.loads((out / "many.json").read_text())
     assert saved["objective"] == report["objective"]
@@ -65,12 +66,13 @@ def test_the_command_writes_the_folders_align_many_writes(folders, tmp_path):
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
-def test_the_learned_k_way_reads_its_tasks_batches(folders, tmp_path):
+def test_the_learned_k_way_reads_its_tasks_batches(folders, tmp_path, capsys):
     """matching=full_symmetry_learned data_task=digits: the same k folders as align_many() on the task's train batches
     (as the profile sizes them), with the refine overrides reaching the refinement and many.json saying the data."""
     out = tmp_path / "learned"
     code, text = outcome(command(models(folders), f"output={out}", "max_rounds=1", *LEARNED))
     assert code == 0, text
+    assert "; learned: centroid loss " in capsys.readouterr().out
     saved = json.loads((out / "many.json").read_text())
     assert saved["matching"] == "full_symmetry_learned"
     assert saved["data"] == {"task": "digits", "split": "train", "batches": 2}

@@ -60,4 +60,4 @@ class AlignMany(Command):
                   f"{refine['centroid_loss_after']:.4g}, kept {refine['kept']}" if refine else ""
         print(f"wrote {len(written)} aligned folders to {self.output} ({name}; J {objective[0]:.6g} -> "
               f"{objective[-1]:.6g} in {len(report['rounds'])} rounds, {report['stop']}{learned}; "
-              f"{report['seconds']:.1f} s)")
+              f"{report['seconds_total']:.1f} s in all)")
