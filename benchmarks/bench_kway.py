@@ -18,6 +18,14 @@ per round (in the folded gauge the whole-group solver measures), why it stopped,
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
 pairwise solve: the folded distance and the Simple (midpoint) merge.
     python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4] [--learned]
+With --task NAME (a causal_lm task, e.g. lm_english_plateau) the models are decoders and the task scores them: the
+loss in nats per token on its held-out test blocks (all of them unless --examples), perplexity where the ViTs have
+accuracy, the best end model the lowest loss, the logit ensemble the mean of the k models' next-token logits; the learned
+rows read the task's train-split statistic batches (cut with the first model's tokenizer). With --untie also, for tied
+decoders, the rows of each model untied first (io/untie.py: lm_head a copy of the embeddings, the same function), so
+the residual map may be any orthogonal map: anchor_untie (pairwise full_symmetry_untie), universe_untie (align_many on
+the untied copies, full_symmetry) and with --learned learned_untie (full_symmetry_learned on them).
+    python benchmarks/bench_kway.py --task lm_english_plateau --models /work/plateau-models/llama_mini --untie
 With --summary G1.json G2.json ... (each a --out of a full run on one group of k models): each group's row per way
 and the mean over groups with its 95% t interval (the issue's targets: the learned barrier <= 5% of naive
 averaging's, the data-free one <= 30% and below anchor matching's, the centroid >= the pairwise full_symmetry mean).
@@ -29,6 +37,7 @@ import dataclasses
 import itertools
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -37,8 +46,8 @@ from torch.utils.data import DataLoader
 
 import symfusion
 from symfusion.arch import layout_of
-from symfusion.io.untie import is_tied
-from symfusion.io.modelio import load_model
+from symfusion.io.untie import is_tied, untied
+from symfusion.io.modelio import load_model, load_tokenizer
 from symfusion.matching import MatchConfig, match_models, matching_config
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.report.spread import over_pairs
@@ -69,13 +78,38 @@ def simplex_grid(k: int, n: int) -> list[tuple[float, ...]]:
 
 
 def evaluate(model, state, task, examples=None) -> dict:
+    """The task's metric (accuracy, or perplexity for a causal_lm task) and loss of `state` on the test split; a
+    decoder's blocks are cut with the tokenizer of the folder task.folder (main sets it)."""
     model.load_state_dict(state)
-    result = task.evaluate(model.eval(), "test", examples=examples)
-    return {"accuracy": result["accuracy"], "loss": result["loss"]}
+    result = task.evaluate(model.eval(), "test", model_dir=getattr(task, "folder", None), examples=examples)
+    return {task.metric: result[task.metric], "loss": result["loss"]}
+
+
+def score(row: dict) -> str:
+    """A row's metric as the tables print it: accuracy in %, or perplexity."""
+    return f"{100 * row['accuracy']:.2f}" if "accuracy" in row else f"{row['perplexity']:.2f}"
+
+
+def best_of(ends: list[dict]) -> dict:
+    """The best end model: the highest accuracy, or for decoders the lowest loss."""
+    return max(ends, key=lambda r: r["accuracy"]) if "accuracy" in ends[0] else min(ends, key=lambda r: r["loss"])
+
+
+def ensemble_lm(models, task) -> dict:
+    """A decoder's logit ensemble on the test blocks: the loss of the mean next-token logits, nats per token."""
+    blocks, sums = task.blocks("test", load_tokenizer(task.folder)), []
+    for batch in blocks.split(int(task.cfg.eval_batch_size)):
+        logits = torch.stack([m(input_ids=batch).logits[:, :-1] for m in models]).mean(0)
+        sums += torch.nn.functional.cross_entropy(logits.double().transpose(1, 2), batch[:, 1:],
+                                                  reduction="none").sum(1).tolist()
+    loss = math.fsum(sums) / (len(sums) * (blocks.shape[1] - 1))
+    return {"perplexity": math.exp(loss), "loss": loss}
 
 
 def ensemble(models, task) -> dict:
     """The logit ensemble on the whole test split: accuracy and the cross-entropy of the mean logits."""
+    if task.metric == "perplexity":
+        return ensemble_lm(models, task)
     hits, losses = 0, []
     for batch in DataLoader(task.split("test"), batch_size=500, shuffle=False):
         logits = torch.stack([m(pixel_values=batch["pixel_values"]).logits for m in models]).mean(0)
@@ -124,6 +158,13 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     cpu_of["learned"], ways["learned"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
     print(f"learned ({args.learned_steps} steps, {len(data)} batches): {cpu_of['learned']:.1f} CPU s (data-free start "
           f"{report['cpu_seconds']:.1f}); refine: {json.dumps(report['refine'])}", flush=True)
+    if args.untie:
+        cpu = time.process_time()
+        aligned, report = symfusion.align_many([untied(m) for m in models], matching=learned,
+                                               max_rounds=args.max_rounds, data=data)
+        cpu_of["learned_untie"] = time.process_time() - cpu
+        ways["learned_untie"] = ([m.state_dict() for m in aligned], report)
+        print(f"learned_untie: {cpu_of['learned_untie']:.1f} CPU s; refine: {json.dumps(report['refine'])}", flush=True)
 
 
 def learned_only(args, models, states, task, work) -> None:
@@ -135,19 +176,19 @@ def learned_only(args, models, states, task, work) -> None:
     ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
     rows = {}
     for name, (aligned, report) in ways.items():
-        rows[name] = {"centroid": evaluate(work, mixture(aligned, [1 / k] * k), task),
-                      "barrier": barrier(work, aligned, ends_subset, task, grid, args.examples),
+        into = untied(work) if name.endswith("_untie") else work
+        rows[name] = {"centroid": evaluate(into, mixture(aligned, [1 / k] * k), task),
+                      "barrier": barrier(into, aligned, ends_subset, task, grid, args.examples),
                       "cpu_seconds": cpu_of[name], "refine": None if report is None else report["refine"],
                       "checks": None if report is None else [c["relative_output_change_float64"]
                                                              for c in report["checks"]]}
         print(name, json.dumps(rows[name]), flush=True)
-    print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; {args.learned_steps} refine steps on "
-          f"{args.data_batches} training batches; the barrier over {len(grid)} simplex points on {args.examples} test "
-          f"images; the centroid on all 10,000\n")
-    print("| models into one basis | centroid accuracy % | centroid loss | simplex barrier | CPU s (all-in) |")
+    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_name()}, 1 thread; {args.learned_steps} refine steps "
+          f"on {args.data_batches} training batches; the barrier over {len(grid)} simplex points on {args.on}\n")
+    print(f"| models into one basis | centroid {args.metric} | centroid loss | simplex barrier | CPU s (all-in) |")
     print("|---|---|---|---|---|")
     for name, row in rows.items():
-        print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+        print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +207,9 @@ def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
 def summary(paths: list[Path]) -> None:
     """--summary: per group and over groups (mean [95% t interval]) from the JSONs of full runs."""
     runs = [json.loads(p.read_text()) for p in paths]
+    if any("accuracy" not in r["best"] for r in runs):
+        print("error: --summary tabulates ViT runs (accuracy); a decoder run (--task) prints its own table", file=sys.stderr)
+        raise SystemExit(2)
     labels = [" ".join(r.get("names") or [p.stem]) for r, p in zip(runs, paths)]
     ways = [w for w in runs[0]["rows"] if all(w in r["rows"] for r in runs)]
     print(f"{len(runs)} groups ({'; '.join(labels)}), {', '.join(sorted({r['cpu'] for r in runs}))}\n")
@@ -209,7 +253,11 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=Path("/work/kway-models"))
     parser.add_argument("--names", nargs="+", default=["seed0", "seed1", "seed2"])
     parser.add_argument("--grid", type=int, default=4, help="simplex grid step 1/N (plus the centroid)")
-    parser.add_argument("--examples", type=int, default=2000, help="test images per barrier point (the mini's)")
+    parser.add_argument("--examples", type=int, default=None,
+                        help="test examples per barrier point (default: the mini's 2,000 images; a decoder's all blocks)")
+    parser.add_argument("--task", default="fashion_mnist", help="the task that scores the models (a causal_lm task: "
+                        "decoders, perplexity), e.g. lm_english_plateau")
+    parser.add_argument("--untie", action="store_true", help="also the rows of tied decoders untied first")
     parser.add_argument("--max-rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--skip-k2", action="store_true", help="leave out the k = 2 comparison with the pairwise solve")
@@ -228,7 +276,14 @@ def main() -> None:
     models = [load_model(str(args.models / n)).eval() for n in args.names]
     states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
     layout = layout_of(models[0].config, states[0])
-    task = make_task("fashion_mnist", load_group("profile", "mini"))
+    task = make_task(args.task, load_group("profile", "mini"))
+    task.folder = args.models / args.names[0]                 # a decoder's test blocks: cut with its tokenizer
+    decoder = task.metric == "perplexity"
+    if args.examples is None and not decoder:
+        args.examples = 2000                                  # the mini barrier's subset of test images
+    args.kind, args.metric = ("decoders", "perplexity") if decoder else ("ViTs", "accuracy %")
+    args.on = (f"{args.examples or 'all'} test blocks (the centroid on all)" if decoder else
+               f"{args.examples} test images; the centroid on all 10,000")
     work = load_model(str(args.models / args.names[0])).eval()
     k, full = len(models), matching_config("full_symmetry")
     if args.learned_only:
@@ -248,6 +303,17 @@ def main() -> None:
         aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
         cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
+    if args.untie:
+        cpu, moved = time.process_time(), [untied(models[0]).state_dict()]
+        for model in models[1:]:
+            matched, _ = symfusion.align(model, models[0], matching="full_symmetry_untie")
+            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
+        cpu_of["anchor_untie"], ways["anchor_untie"] = time.process_time() - cpu, (moved, None)
+        cpu = time.process_time()
+        aligned, report = symfusion.align_many([untied(m) for m in models], matching="full_symmetry",
+                                               max_rounds=args.max_rounds)
+        cpu_of["universe_untie"] = time.process_time() - cpu
+        ways["universe_untie"] = ([m.state_dict() for m in aligned], report)
     if args.learned:
         learned_ways(args, models, states, task, ways, cpu_of)
     one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
@@ -268,10 +334,11 @@ def main() -> None:
     grid = simplex_grid(k, args.grid)
     ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
     ends_full = [evaluate(work, s, task) for s in states]
-    rows = {}
+    rows, work_untied = {}, untied(work)
     for name, (aligned, report) in ways.items():
-        centroid = evaluate(work, mixture(aligned, [1 / k] * k), task)
-        rows[name] = {"centroid": centroid, "barrier": barrier(work, aligned, ends_subset, task, grid, args.examples),
+        into = work_untied if name.endswith("_untie") else work      # the untied rows' states hold their own lm_head
+        centroid = evaluate(into, mixture(aligned, [1 / k] * k), task)
+        rows[name] = {"centroid": centroid, "barrier": barrier(into, aligned, ends_subset, task, grid, args.examples),
                       "objective": None if report is None else report["objective"],
                       "converged": None if report is None else report["converged"],
                       "seconds": None if report is None else report["cpu_seconds"],
@@ -279,40 +346,41 @@ def main() -> None:
                       "checks": None if report is None else [c["relative_output_change_float64"] for c in report["checks"]],
                       "refine": None if report is None else report.get("refine")}
         print(name, json.dumps(rows[name]), flush=True)
-    best = max(ends_full, key=lambda r: r["accuracy"])
+    best = best_of(ends_full)
     logit = ensemble(models, task)
 
     k2 = None if args.skip_k2 else pair_check(models, states, anchor[1], pairwise_folded[0], task, args)
 
-    print(f"\nk = {k} ViTs ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} simplex points "
-          f"(step 1/{args.grid} and the centroid) on {args.examples} test images; the centroid on all 10,000\n")
-    print("| models into one basis | centroid accuracy % | centroid loss | simplex barrier | objective J (start -> end) | "
-          "rounds | solve CPU s |")
+    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} "
+          f"simplex points (step 1/{args.grid} and the centroid) on {args.on}\n")
+    print(f"| models into one basis | centroid {args.metric} | centroid loss | simplex barrier | objective J (start -> "
+          "end) | rounds | solve CPU s |")
     print("|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         objective = "" if row["objective"] is None else f"{row['objective'][0]:.1f} -> {row['objective'][-1]:.1f}"
         rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1} ({row['stop']})"
         seconds = f"{sum(pairwise_cpu):.1f} ({k - 1} pairwise)" if name == "anchor" else \
-            f"{cpu_of[name]:.1f} (all-in)" if name in ("anchor_learned", "learned") else \
+            f"{cpu_of[name]:.1f} (all-in)" if name in ("anchor_learned", "learned", "anchor_untie", "universe_untie",
+                                                        "learned_untie") else \
             ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
-        print(f"| {name} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+        print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")
-    print(f"| best end model | {100 * best['accuracy']:.2f} | {best['loss']:.4f} | | | | |")
-    print(f"| logit ensemble | {100 * logit['accuracy']:.2f} | {logit['loss']:.4f} | | | | |")
+    print(f"| best end model | {score(best)} | {best['loss']:.4f} | | | | |")
+    print(f"| logit ensemble | {score(logit)} | {logit['loss']:.4f} | | | | |")
     print(f"\none pairwise full_symmetry solve: {one:.2f} CPU s (mean of {len(pairwise_cpu)}); k of them: {k * one:.1f} s; "
           f"the universe's solve: {rows['universe']['seconds']:.1f} CPU s = {rows['universe']['seconds'] / (k * one):.2f}x")
     print(f"the universe's J per round: {', '.join(f'{j:.2f}' for j in rows['universe']['objective'])}")
     print(f"the permutation universe's J per round: {', '.join(f'{j:.2f}' for j in rows['perm']['objective'])}")
     if k2 is not None:
         print(f"\nk = 2 ({args.names[1]} and {args.names[0]}), folded distances: pairwise full_symmetry {k2['pairwise']['distance']:.4f}, "
-              f"Simple {100 * k2['pairwise']['simple']['accuracy']:.2f}% (loss {k2['pairwise']['simple']['loss']:.4f}); "
-              f"universe distance {k2['universe']['distance']:.4f}, Simple {100 * k2['universe']['simple']['accuracy']:.2f}% "
+              f"Simple {score(k2['pairwise']['simple'])} (loss {k2['pairwise']['simple']['loss']:.4f}); "
+              f"universe distance {k2['universe']['distance']:.4f}, Simple {score(k2['universe']['simple'])} "
               f"(loss {k2['universe']['simple']['loss']:.4f}); its J per round "
               f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"cpu": cpu_name(), "names": args.names, "rows": rows, "best": best,
-                                        "ensemble": logit, "k2": k2, "pairwise_seconds": pairwise_seconds,
+                                        "ensemble": logit, "k2": k2, "task": args.task, "pairwise_seconds": pairwise_seconds,
                                         "pairwise_cpu": pairwise_cpu, "cpu_all_in": cpu_of, "ends": ends_full,
                                         "steps": args.learned_steps if args.learned else None}, indent=1))
 
