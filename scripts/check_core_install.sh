@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The library install that the README promises library users: `pip install symfusion` with no extra, in a fresh
 # virtual environment (torch==2.13.0 first, the CPU wheel), must run symfusion.align() on two model folders and on
-# two nn.Modules, and symfusion-match, without any of the [pipeline] extra's packages. About 3-4 minutes (most of
+# two nn.Modules, symfusion-match and symfusion-align-many, without any of the [pipeline] extra's packages. About 3-4 minutes (most of
 # it installing torch and transformers), so CI runs it (.ci/run) rather than the test suite.
 #   bash scripts/check_core_install.sh [VENV_DIR]    # default: a temporary folder, removed afterwards
 set -euo pipefail
@@ -63,5 +63,14 @@ assert result.returncode == 0, result.stderr[-2000:]
 assert json.loads(Path("bert_matched/match.json").read_text())["relative_output_change"] < 1e-3
 bad = subprocess.run([symfusion_match, "source=nope", "anchor=bert_a", "output=x"], capture_output=True, text=True)
 assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
-print("core install: align() on folders and modules, symfusion-match: ok (no pipeline packages installed)")
+torch.manual_seed(2)
+tf.BertForSequenceClassification(bert).save_pretrained("bert_c")
+align_many = str(Path(sys.executable).parent / "symfusion-align-many")
+result = subprocess.run([align_many, "models=[bert_a,bert_b,bert_c]", "output=bert_many"], capture_output=True, text=True)
+assert result.returncode == 0, result.stderr[-2000:]
+assert len(json.loads(Path("bert_many/many.json").read_text())["objective"]) >= 1
+bad = subprocess.run([align_many, "models=[bert_a]", "output=y"], capture_output=True, text=True)
+assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+print("core install: align() on folders and modules, symfusion-match, symfusion-align-many: ok (no pipeline packages "
+      "installed)")
 EOF
