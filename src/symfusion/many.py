@@ -42,7 +42,7 @@ from symfusion.alignment.loaded import check_same_body, holding, output_change
 from symfusion.io.modelio import copy_auxiliary_files, load_config, load_model, write_json
 from symfusion.io.outputs import folder_marker, safe_output
 from symfusion.io.provenance import provenance
-from symfusion.io.untie import is_tied
+from symfusion.io.untie import is_tied, untie_all
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
@@ -67,6 +67,8 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     variant without data: rotation, git_rebasin, ...), the pairwise solver of each step; or a whole-group preset with
     refine=loss (full_symmetry_learned) and data=[batches of model inputs, with labels]: the data-free universe, then
     the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py).
+    A preset with matching.untie=true (full_symmetry_untie, full_symmetry_untie_learned) aligns each tied decoder as
+    its untied copy (io/untie.py: the same class, lm_head its own copy), so the residual map may be any orthogonal map.
     max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
     left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
     says; it never changes the result). record: more fields for the report (a command's provenance, where its data
@@ -76,6 +78,8 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     name = matching if isinstance(matching, str) else None
     with library_call(progress):
         if isinstance(models[0], torch.nn.Module):
+            if config.untie:                                    # each tied one aligned as its untied copy
+                models = untie_all(list(models), [f"model {i}" for i in range(len(models))])
             aligned, report = _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data)
             return aligned, {**report, **(record or {})}
         return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
@@ -141,6 +145,8 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
     models = [load_model(p) for p in paths]                               # each checked finite
     for path, model in zip(paths[1:], models[1:]):
         check_same_body(models[0], model, paths[0], path)
+    if config.untie:            # each tied one aligned and written as its untied copy (save_pretrained: lm_head saved)
+        models = untie_all(models, [str(p) for p in paths])
     # a new folder, or a previous output of align_many; never an input
     with safe_output(output, WRITER, MANY_FOLDER, inputs=paths, is_dir=True) as claim:
         aligned, report = _align_modules(models, config, name, tolerance, max_rounds, data)
@@ -225,14 +231,11 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress, 
 
 def k_way_matching(config: MatchConfig, given: str) -> None:
     """Refuse, in one SymfusionError line, a matching the k-way solver cannot run (whatever the data): one that starts
-    from activations or runs the models on inputs it makes, or unties (`given`: its name, for the line)."""
+    from activations or runs the models on inputs it makes (`given`: its name, for the line)."""
     if config.residual_solve != "weights" or config.refine == "synthetic":
         raise SymfusionError(f"align_many(): matching {given} starts from activations or runs the models on inputs it "
                              "makes; the k-way start is data-free (full_symmetry), its learned form reads data "
                              "(full_symmetry_learned with data=...)")
-    if config.untie:
-        raise SymfusionError("align_many(): matching.untie=true is pairwise only for now (align()); align k models "
-                             "kept tied, or untie them first")
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from symfusion.fusion import merge_models
 from symfusion.io.untie import is_tied, untied
 from symfusion.matching import match_models, matching_config
 from symfusion.pipeline.stages.common import load_models
-from symfusion.stream import stream_layout
+from symfusion.stream import is_signed_permutation, stream_layout
 from symfusion.symmetry import apply_transform, random_residual, random_transform
 from test_residual_symmetry import build
 from tiny_decoders import tiny_decoder
@@ -153,8 +153,6 @@ def test_untie_is_refused_in_one_line_where_it_cannot_apply(tmp_path):
     state = tied.state_dict()
     with pytest.raises(SymfusionError, match="untie=true unties models, not state dicts"):
         match_models(state, state, layout_of(tied.config, state), "full_symmetry_untie", tied=True)
-    with pytest.raises(SymfusionError, match="align_many.*untie=true is pairwise only"):
-        symfusion.align_many([tied_decoder("llama", seed) for seed in (0, 1, 2)], matching="full_symmetry_untie")
 
 
 def test_a_pair_with_nothing_tied_is_matched_as_full_symmetry_with_a_note():
@@ -165,3 +163,45 @@ def test_a_pair_with_nothing_tied_is_matched_as_full_symmetry_with_a_note():
     assert any("nothing to untie" in line for line in report["notes"]) and len(NOTES) >= noted
     assert all(torch.equal(v, same.state_dict()[k]) for k, v in matched.state_dict().items())
     assert report["distance_after"] == plain["distance_after"]
+
+
+@pytest.mark.parametrize("family,overrides", TIED, ids=TIED_IDS)
+def test_k_tied_decoders_are_aligned_untied_into_one_basis(family, overrides, tmp_path):
+    """align_many(matching="full_symmetry_untie"): each of k tied decoders aligned as its untied copy, so the shared
+    basis is reached by orthogonal maps that are no signed permutations (kept tied: signed permutations only); each
+    computes its source's function in float64; the caller's models stay tied; as folders, k standard untied models
+    of the class (lm_head saved), as transformers loads them."""
+    models = [tied_decoder(family, seed, dtype=torch.float64, **overrides) for seed in (0, 1, 2)]
+    aligned, report = symfusion.align_many(models, matching="full_symmetry_untie")
+    _, tied_report = symfusion.align_many(models, matching="full_symmetry")
+    assert not any(is_signed_permutation(t.residual.r) for t in report["transforms"])
+    assert all(is_signed_permutation(t.residual.r) for t in tied_report["transforms"])
+    ids = ids_for(models[0])
+    for model, moved in zip(models, aligned):
+        assert is_tied(model) and not is_tied(moved) and moved.config.tie_word_embeddings is False
+        assert type(moved) is type(model)
+        before, after = logits64(model, ids), logits64(moved, ids)
+        assert (after - before).abs().max() <= 1e-10 * before.abs().max()
+    folders = []
+    for seed in (0, 1, 2):
+        tied_decoder(family, seed, **overrides).save_pretrained(str(tmp_path / f"m{seed}"))
+        folders.append(tmp_path / f"m{seed}")
+    written, _ = symfusion.align_many(folders, matching="full_symmetry_untie", output=tmp_path / "out")
+    for folder, out in zip(folders, written):
+        assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+        assert "lm_head.weight" in lm_keys(out) and "lm_head.weight" not in lm_keys(folder)
+        source, loaded = (tf.AutoModelForCausalLM.from_pretrained(str(f)).eval() for f in (folder, out))
+        before, after = logits64(source, ids), logits64(loaded, ids)
+        assert (after - before).abs().max() <= 1e-4 * before.abs().max()          # float32 weights as stored
+
+
+def test_k_models_untie_is_refused_or_noted_as_for_a_pair():
+    """align_many with untie: a model without an lm_head is refused in one line naming it; k untied decoders are
+    aligned as they are, with the note."""
+    vits = [tiny_model("vit", seed) for seed in (0, 1)]
+    with pytest.raises(SymfusionError, match="model 1 .*has no lm_head"):
+        symfusion.align_many([tied_decoder("llama", 0), vits[1]], matching="full_symmetry_untie")
+    untied_models = [untied(tied_decoder("llama", seed)) for seed in (0, 1)]
+    noted = len(NOTES)
+    aligned, _ = symfusion.align_many(untied_models, matching="full_symmetry_untie")
+    assert any("nothing to untie" in line for line in NOTES[noted:]) and len(aligned) == 2

@@ -126,7 +126,7 @@ def bad_command_lines(folders: list[Path], world: Path, out: Path) -> dict[str, 
         "test data": ([both, output, *LEARNED, "data_split=test"], "data_split"),
         "no batches": ([both, output, *LEARNED, "data_batches=0"], "data_batches"),
         "synthetic": ([both, output, "matching=full_symmetry_synthetic", "data_task=digits"], "inputs it makes"),
-        "untie": ([both, output, "matching=full_symmetry_untie"], "pairwise only"),
+        "untie without an lm_head": ([both, output, "matching=full_symmetry_untie"], "no lm_head"),
         "a task the models cannot solve": ([models([world / "bert", world / "bert"]), output, *LEARNED], "pixels"),
         "a refine override": ([both, output, *LEARNED, "matching.refine_lr=inf"], "refine_lr"),
     }

@@ -40,14 +40,21 @@ def untied(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def untie_pair(source: torch.nn.Module, anchor: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(source, anchor) for matching.untie=true: each tied one untied (a copy); one error line for a model without
-    output embeddings (nothing to untie), one note where neither is tied (matched as it is, as without the option)."""
-    for role, model in (("source", source), ("anchor", anchor)):
+    """(source, anchor) for matching.untie=true: untie_all of the two."""
+    source, anchor = untie_all([source, anchor], ["source", "anchor"])
+    return source, anchor
+
+
+def untie_all(models: list[torch.nn.Module], roles: list[str]) -> list[torch.nn.Module]:
+    """The models for matching.untie=true: each tied one untied (a copy); one error line for a model without output
+    embeddings (nothing to untie, named by its role), one note where none is tied (matched as they are, as without
+    the option)."""
+    for role, model in zip(roles, models):
         if getattr(model.get_output_embeddings(), "weight", None) is None:
             raise SymfusionError(f"matching.untie=true unties a decoder's lm_head from its input embeddings: the {role} "
                                  f"({type(model).__name__}) has no lm_head; match it without matching.untie")
-    if not (is_tied(source) or is_tied(anchor)):
-        note("note: matching.untie=true: neither model ties its lm_head to its input embeddings, so there is nothing "
+    if not any(is_tied(model) for model in models):
+        note("note: matching.untie=true: no model ties its lm_head to its input embeddings, so there is nothing "
              "to untie; matched as they are (the residual map is any orthogonal map already)")
-        return source, anchor
-    return untied(source), untied(anchor)
+        return list(models)
+    return [untied(model) for model in models]
