@@ -205,3 +205,32 @@ def test_k_models_untie_is_refused_or_noted_as_for_a_pair():
     noted = len(NOTES)
     aligned, _ = symfusion.align_many(untied_models, matching="full_symmetry_untie")
     assert any("nothing to untie" in line for line in NOTES[noted:]) and len(aligned) == 2
+
+
+def test_k_untied_aligned_folders_merge_by_mergekit_to_their_centroid(tmp_path):
+    """The k folders align_many writes for full_symmetry_untie are standard untied models that mergekit's linear merge
+    (weights 1/k) takes: its merge is their centroid (float32 rounding) with its own lm_head, untied."""
+    folders = []
+    for seed in (0, 1, 2):
+        tied_decoder("llama", seed, num_key_value_heads=2).save_pretrained(str(tmp_path / f"m{seed}"))
+        folders.append(tmp_path / f"m{seed}")
+    written, _ = symfusion.align_many(folders, matching="full_symmetry_untie", output=tmp_path / "out")
+    aligned = load_models([str(f) for f in written])
+    states = [m.state_dict() for m in aligned]
+    centroid = {k: sum(s[k].double() for s in states) / 3 for k in states[0]}
+    if not MERGEKIT.is_file():
+        pytest.skip("mergekit is not installed in this environment (the merge extra)")
+    config = tmp_path / "merge.yml"
+    config.write_text(json.dumps({"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(f.resolve()), "parameters": {"weight": 1 / 3}} for f in written]}))
+    done = subprocess.run([str(MERGEKIT), str(config), str(tmp_path / "mk"), "--no-write-model-card",
+                           "--no-copy-tokenizer"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    merged = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "mk"), dtype=torch.float32, local_files_only=True)
+    assert not is_tied(merged) and merged.config.tie_word_embeddings is False
+    state = merged.state_dict()
+    assert set(state) == set(centroid)
+    eps = torch.finfo(torch.float32).eps
+    for key, value in centroid.items():
+        scale = max(float(s[key].abs().max()) for s in states)
+        assert float((state[key].double() - value).abs().max()) <= 4 * eps * scale, key
