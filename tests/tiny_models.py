@@ -59,3 +59,20 @@ def tiny_model(family: str, seed: int = 0, head: str = "sequence", dtype=torch.f
     else:
         model = tf.AutoModelForSequenceClassification.from_config(config)
     return randomize(model.to(dtype), seed)
+
+
+# A ViT of the digits task's images (8x8, grey, 10 classes), the k-way tests' models.
+DIGITS_VIT = dict(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=24)
+
+
+def digits_vit_folders(root, k: int = 3) -> list:
+    """k tiny digits-ViT folders under root (seeds 0..k-1): the first sharded (an index and several shards), the others
+    single files."""
+    paths = []
+    for seed in range(k):
+        path = root / f"vit_{seed}"
+        randomize(tf.ViTForImageClassification(tf.ViTConfig(**DIGITS_VIT)), seed).save_pretrained(
+            str(path), **({"max_shard_size": "4KB"} if seed == 0 else {}))
+        paths.append(path)
+    return paths

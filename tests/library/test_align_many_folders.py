@@ -15,23 +15,15 @@ import transformers as tf
 import symfusion
 from symfusion.errors import SymfusionError
 from hostile import INDEX, MUTATIONS, applicable, assert_refused, leftovers, outcome, snapshot
-from tiny_models import randomize
+from tiny_models import DIGITS_VIT, digits_vit_folders, randomize
 
-VIT = dict(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16, num_hidden_layers=1,
-           num_attention_heads=2, intermediate_size=24)
+VIT = DIGITS_VIT
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> list[Path]:
     """Three tiny ViT folders: the first sharded (an index and several shards), the others single files."""
-    root = tmp_path_factory.mktemp("vits")
-    paths = []
-    for seed in range(3):
-        path = root / f"vit_{seed}"
-        randomize(tf.ViTForImageClassification(tf.ViTConfig(**VIT)), seed).save_pretrained(
-            str(path), **({"max_shard_size": "4KB"} if seed == 0 else {}))
-        paths.append(path)
-    return paths
+    return digits_vit_folders(tmp_path_factory.mktemp("vits"))
 
 
 def logits(folder: Path, pixels: torch.Tensor) -> torch.Tensor:

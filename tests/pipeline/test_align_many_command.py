@@ -19,24 +19,16 @@ from symfusion.pipeline import cli
 from symfusion.pipeline.command import compose
 from symfusion.pipeline.tasks import make_task
 from hostile import MUTATIONS, applicable, assert_refused, leftovers, outcome, snapshot
-from tiny_models import randomize
+from tiny_models import DIGITS_VIT, digits_vit_folders, randomize
 
-VIT = dict(image_size=8, patch_size=4, num_channels=1, num_labels=10, hidden_size=16, num_hidden_layers=1,
-           num_attention_heads=2, intermediate_size=24)          # the digits task's images (8x8, grey, 10 classes)
+VIT = DIGITS_VIT
 LEARNED = ["matching=full_symmetry_learned", "data_task=digits", "data_batches=2", "matching.refine_steps=3"]
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> list[Path]:
     """Three tiny ViT folders: the first sharded (an index and several shards), the others single files."""
-    root = tmp_path_factory.mktemp("vits")
-    paths = []
-    for seed in range(3):
-        path = root / f"vit_{seed}"
-        randomize(tf.ViTForImageClassification(tf.ViTConfig(**VIT)), seed).save_pretrained(
-            str(path), **({"max_shard_size": "4KB"} if seed == 0 else {}))
-        paths.append(path)
-    return paths
+    return digits_vit_folders(tmp_path_factory.mktemp("vits"))
 
 
 def models(paths) -> str:

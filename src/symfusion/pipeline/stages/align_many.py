@@ -13,10 +13,11 @@ from symfusion.io.provenance import provenance
 from symfusion.many import align_many, k_way_matching
 from symfusion.matching import matching_config
 from symfusion.matching.universe import MAX_ROUNDS
-from symfusion.pipeline.command import PATH, Command, command, integer, listing, number, option, text
+from symfusion.pipeline.command import PATH, Command, command, integer, listing, option, text
 from symfusion.pipeline.config import check_data_options
 from symfusion.pipeline.stages.common import match_config, require_folder, resolved, task_of
-from symfusion.pipeline.stages.match import DATA_BATCHES, DATA_SPLIT, DATA_TASK, task_data
+from symfusion.pipeline.stages.match import (DATA_BATCHES, DATA_SPLIT, DATA_TASK, MAX_RELATIVE_OUTPUT_CHANGE,
+                                              task_data)
 
 
 @command("align-many")
@@ -32,9 +33,7 @@ class AlignMany(Command):
                          "many.json")
     max_rounds: int = option(integer(0), "rounds of the alternation after the data-free start (each k pairwise "
                              "solves)", MAX_ROUNDS)
-    max_relative_output_change: float = option(
-        number(0, strict_low=True), "refuse an aligned model whose outputs differ from its source's by more than "
-        "this, relative to the largest output magnitude (a symmetry must not change the function)", 1.0e-3)
+    max_relative_output_change: float = option(*MAX_RELATIVE_OUTPUT_CHANGE)
     data_task: str | None = option(*DATA_TASK)
     data_batches: int = option(*DATA_BATCHES)
     data_split: str = option(*DATA_SPLIT)

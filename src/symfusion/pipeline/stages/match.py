@@ -54,6 +54,10 @@ DATA_TASK = (text(optional=True), "the task whose statistic batches a matching t
 DATA_BATCHES = (integer(1), "how many batches of the task's fusion_batch_size examples (a smaller split gives what "
                 "it has)", 200)
 DATA_SPLIT = (choice("validation", "train"), "which split they come from (never test)", "train")
+# The functional check's tolerance of a command that writes moved models (symfusion-match, symfusion-align-many).
+MAX_RELATIVE_OUTPUT_CHANGE = (number(0, strict_low=True), "refuse a moved model whose outputs differ from its source's "
+                              "by more than this, relative to the largest output magnitude (a symmetry must not change "
+                              "the function)", 1.0e-3)
 
 
 @command("match")
@@ -69,9 +73,7 @@ class Match(Command):
     layers: list[int] | None = option(listing(integer(0), optional=True),
                                       "explicit layer indices to match, e.g. [0,5]; null: all")
     last_layers: int | None = option(integer(0, optional=True), "or: match only the last K layers")
-    max_relative_output_change: float = option(
-        number(0, strict_low=True), "refuse a matched model whose outputs differ from the source's by more than this, "
-        "relative to the largest output magnitude (a symmetry must not change the function)", 1.0e-3)
+    max_relative_output_change: float = option(*MAX_RELATIVE_OUTPUT_CHANGE)
     data_task: str | None = option(*DATA_TASK)
     data_batches: int = option(*DATA_BATCHES)
     data_split: str = option(*DATA_SPLIT)
