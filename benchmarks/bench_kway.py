@@ -6,8 +6,8 @@ and each way of moving them into one basis, the table gives the centroid (equal-
 centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test images (the mini barrier's subset).
     naive        the models as trained
     anchor       each model onto model 0 by pairwise full_symmetry (align(); anchor matching)
-    perm         the universe (symfusion.align_many) over permutations only: heads, FFN neurons and a (signed)
-                 permutation of the residual stream, the same alternation (MergeMany-like)
+    perm         the universe (symfusion.align_many) over permutations only (the preset full_permutation): heads,
+                 FFN neurons and a (signed) permutation of the residual stream, the same alternation (MergeMany-like)
     universe     the universe over the whole group, data-free (align_many, matching="full_symmetry")
   with --learned (the training split's statistic batches, as symfusion-match reads them for full_symmetry_learned):
     anchor_learned  each model onto model 0 by pairwise full_symmetry_learned (align() with data)
@@ -16,7 +16,8 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
 beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
 per round (in the folded gauge the whole-group solver measures), why it stopped, and its CPU seconds against k
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
-pairwise solve: the folded distance and the Simple (midpoint) merge.
+pairwise solve: the folded distance and the Simple (midpoint) merge. The scores are the pipeline's (the k-way entry,
+symfusion-kway): src/symfusion/pipeline/kway.py, the simplex maths in symfusion.interpolation.
     python benchmarks/bench_kway.py --models /work/kway-models [--names seed0 seed1 seed2] [--grid 4] [--learned]
 With --task NAME (a causal_lm task, e.g. lm_english_plateau) the models are decoders and the task scores them: the
 loss in nats per token on its held-out test blocks (all of them unless --examples), perplexity where the ViTs have
@@ -34,27 +35,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 import symfusion
 from symfusion.arch import layout_of
+from symfusion.interpolation import mixture, simplex_grid
 from symfusion.io.untie import is_tied, untied
-from symfusion.io.modelio import load_model, load_tokenizer
-from symfusion.matching import MatchConfig, match_models, matching_config
+from symfusion.io.modelio import load_model
+from symfusion.matching import match_models, matching_config
+from symfusion.pipeline import kway
 from symfusion.pipeline.config import load_group
+from symfusion.pipeline.kway import best_of, end_losses, score_way
 from symfusion.pipeline.report.spread import over_pairs
 from symfusion.pipeline.tasks import make_task
 from symfusion.symmetry import apply_transform
 
-PERMUTATIONS = MatchConfig(attention="permutation", rescale=False, ffn="permutation", heads=True, residual="permutation")
+# the permutation-only universe (MergeMany-like): heads, FFN neurons and a (signed) permutation of the residual stream
+PERMUTATIONS = "full_permutation"
 
 
 def cpu_name() -> str:
@@ -64,25 +66,10 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def mixture(states: list[dict], weights) -> dict:
-    return {k: sum(w * s[k] for w, s in zip(weights, states)) if v.is_floating_point() else v
-            for k, v in states[0].items()}
-
-
-def simplex_grid(k: int, n: int) -> list[tuple[float, ...]]:
-    """The weights c/n (c integers summing to n) with at least two nonzero, and the centroid."""
-    points = [tuple(c / n for c in combo) for combo in itertools.product(range(n + 1), repeat=k)
-              if sum(combo) == n and sum(x > 0 for x in combo) >= 2]
-    centroid = tuple(1 / k for _ in range(k))
-    return points + ([centroid] if all(max(abs(a - b) for a, b in zip(p, centroid)) > 1e-12 for p in points) else [])
-
-
 def evaluate(model, state, task, examples=None) -> dict:
-    """The task's metric (accuracy, or perplexity for a causal_lm task) and loss of `state` on the test split; a
-    decoder's blocks are cut with the tokenizer of the folder task.folder (main sets it)."""
-    model.load_state_dict(state)
-    result = task.evaluate(model.eval(), "test", model_dir=getattr(task, "folder", None), examples=examples)
-    return {task.metric: result[task.metric], "loss": result["loss"]}
+    """The task's metric and loss of `state` on the test split (pipeline/kway.py); a decoder's blocks are cut with the
+    tokenizer of the folder task.folder (main sets it)."""
+    return kway.evaluate(model, state, task, examples, getattr(task, "folder", None))
 
 
 def score(row: dict) -> str:
@@ -90,38 +77,9 @@ def score(row: dict) -> str:
     return f"{100 * row['accuracy']:.2f}" if "accuracy" in row else f"{row['perplexity']:.2f}"
 
 
-def best_of(ends: list[dict]) -> dict:
-    """The best end model: the highest accuracy, or for decoders the lowest loss."""
-    return max(ends, key=lambda r: r["accuracy"]) if "accuracy" in ends[0] else min(ends, key=lambda r: r["loss"])
-
-
-def ensemble_lm(models, task) -> dict:
-    """A decoder's logit ensemble on the test blocks: the loss of the mean next-token logits, nats per token."""
-    blocks, sums = task.blocks("test", load_tokenizer(task.folder)), []
-    for batch in blocks.split(int(task.cfg.eval_batch_size)):
-        logits = torch.stack([m(input_ids=batch).logits[:, :-1] for m in models]).mean(0)
-        sums += torch.nn.functional.cross_entropy(logits.double().transpose(1, 2), batch[:, 1:],
-                                                  reduction="none").sum(1).tolist()
-    loss = math.fsum(sums) / (len(sums) * (blocks.shape[1] - 1))
-    return {"perplexity": math.exp(loss), "loss": loss}
-
-
-def ensemble(models, task) -> dict:
-    """The logit ensemble on the whole test split: accuracy and the cross-entropy of the mean logits."""
-    if task.metric == "perplexity":
-        return ensemble_lm(models, task)
-    hits, losses = 0, []
-    for batch in DataLoader(task.split("test"), batch_size=500, shuffle=False):
-        logits = torch.stack([m(pixel_values=batch["pixel_values"]).logits for m in models]).mean(0)
-        hits += int((logits.argmax(-1) == batch["labels"]).sum())
-        losses += torch.nn.functional.cross_entropy(logits.double(), batch["labels"], reduction="none").tolist()
-    return {"accuracy": hits / len(losses), "loss": math.fsum(losses) / len(losses)}
-
-
-def barrier(model, states, ends, task, grid, examples) -> float:
-    """max over the grid of loss(mixture) - sum_i w_i loss(end_i), on the same `examples` test images."""
-    return max(evaluate(model, mixture(states, w), task, examples)["loss"] - sum(x * e for x, e in zip(w, ends))
-               for w in grid)
+def scored_way(model, states, ends, task, args) -> dict:
+    """The centroid merge and the simplex barrier of one way (pipeline/kway.score_way), on --grid and --examples."""
+    return score_way(model, states, ends, task, args.grid, args.examples, getattr(task, "folder", None))
 
 
 def pair_check(models, states, pair_state, pair_distance, task, args) -> dict:
@@ -173,12 +131,12 @@ def learned_only(args, models, states, task, work) -> None:
     k, ways, cpu_of = len(models), {}, {}
     learned_ways(args, models, states, task, ways, cpu_of)
     grid = simplex_grid(k, args.grid)
-    ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
+    ends_subset = end_losses(work, states, task, args.examples, getattr(task, "folder", None))
     rows = {}
     for name, (aligned, report) in ways.items():
         into = untied(work) if name.endswith("_untie") else work
-        rows[name] = {"centroid": evaluate(into, mixture(aligned, [1 / k] * k), task),
-                      "barrier": barrier(into, aligned, ends_subset, task, grid, args.examples),
+        way = scored_way(into, aligned, ends_subset, task, args)
+        rows[name] = {"centroid": way["centroid"], "barrier": way["barrier"],
                       "cpu_seconds": cpu_of[name], "refine": None if report is None else report["refine"],
                       "checks": None if report is None else [c["relative_output_change_float64"]
                                                              for c in report["checks"]]}
@@ -332,13 +290,13 @@ def main() -> None:
         return
 
     grid = simplex_grid(k, args.grid)
-    ends_subset = [evaluate(work, s, task, args.examples)["loss"] for s in states]
+    ends_subset = end_losses(work, states, task, args.examples, getattr(task, "folder", None))
     ends_full = [evaluate(work, s, task) for s in states]
     rows, work_untied = {}, untied(work)
     for name, (aligned, report) in ways.items():
         into = work_untied if name.endswith("_untie") else work      # the untied rows' states hold their own lm_head
-        centroid = evaluate(into, mixture(aligned, [1 / k] * k), task)
-        rows[name] = {"centroid": centroid, "barrier": barrier(into, aligned, ends_subset, task, grid, args.examples),
+        way = scored_way(into, aligned, ends_subset, task, args)
+        rows[name] = {"centroid": way["centroid"], "barrier": way["barrier"],
                       "objective": None if report is None else report["objective"],
                       "converged": None if report is None else report["converged"],
                       "seconds": None if report is None else report["cpu_seconds"],
@@ -347,7 +305,7 @@ def main() -> None:
                       "refine": None if report is None else report.get("refine")}
         print(name, json.dumps(rows[name]), flush=True)
     best = best_of(ends_full)
-    logit = ensemble(models, task)
+    logit = kway.ensemble(models, task, getattr(task, "folder", None))
 
     k2 = None if args.skip_k2 else pair_check(models, states, anchor[1], pairwise_folded[0], task, args)
 
