@@ -421,6 +421,8 @@ COMMANDS = {
     "symfusion-report figure": _report("fig5_barrier", ".png"),
     "symfusion-align-many": _cli("align_many_main", ["many"], "models=[{world}/vit_a,{world}/vit_b]",
                                  "output={out}/many"),
+    "symfusion-kway": _cli("kway_main", ["kway.json"], *DIGITS, "ends=[{world}/vit_a,{world}/vit_b]",
+                           "models=[{world}/vit_a,{world}/vit_b]", "grid=2", "examples=8", "output={out}/kway.json"),
     "align": lambda world, out: ((lambda: __import__("symfusion").align(str(world / "llama_b"), str(world / "llama_a"),
                                                                         output=out / "aligned")), [out / "aligned"]),
 }

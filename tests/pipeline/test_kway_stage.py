@@ -1,0 +1,179 @@
+"""The k-way experiment's scores (symfusion.interpolation's simplex, pipeline/kway.py) and its stage (symfusion-kway),
+on tiny digits ViTs: the simplex barrier of k identical models is 0, the centroid merge of the models as trained is
+the mean of their weights, the logit ensemble of k identical models is the model, the table and figure writer reads
+the stage's JSONs in the registry's order, and every mistake is one `error:` line with nothing written."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+
+from symfusion.interpolation import barrier_height, mixture, simplex_barrier, simplex_grid
+from symfusion.matching import MatchConfig, matching_config
+from symfusion.pipeline import cli, kway
+from symfusion.pipeline.command import compose
+from symfusion.pipeline.report import artefacts
+from symfusion.pipeline.report.audit import table_section
+from symfusion.pipeline.report.compare import compare_run
+from symfusion.pipeline.report.registry import experiment
+from symfusion.pipeline.tasks import make_task
+from hostile import assert_refused, outcome, snapshot
+from tiny_models import digits_vit_folders
+
+DIGITS = ("task=digits", "task.limit={train: 64, validation: 32, test: 48}")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> list[Path]:
+    return digits_vit_folders(tmp_path_factory.mktemp("vits"))
+
+
+@pytest.fixture(scope="module")
+def task():
+    cfg = compose("kway", list(DIGITS))                 # the task as the stage composes it (task_of)
+    return make_task(cfg.task, cfg.get("profile"))
+
+
+def listed(paths) -> str:
+    return "[" + ",".join(str(p) for p in paths) + "]"
+
+
+def run(*args: str):
+    return outcome(lambda: cli.kway_main([*DIGITS, *args]))
+
+
+def states(paths) -> list[dict]:
+    return [tf.ViTForImageClassification.from_pretrained(str(p)).state_dict() for p in paths]
+
+
+def test_the_simplex_grid_and_barrier():
+    """13 points for k = 3 in steps of 1/4 (12 with two or three nonzero weights, then the centroid); at k = 4 the
+    centroid is on the grid; at k = 2 the simplex barrier is the barrier above the straight line."""
+    grid = simplex_grid(3, 4)
+    assert len(grid) == 13 and grid[-1] == (1 / 3, 1 / 3, 1 / 3)
+    assert all(abs(sum(p) - 1) < 1e-12 and sum(w > 0 for w in p) >= 2 for p in grid)
+    assert len(simplex_grid(4, 4)) == len(set(simplex_grid(4, 4))) and (0.25,) * 4 in simplex_grid(4, 4)
+    alphas, losses = [0, 0.25, 0.5, 0.75, 1], [1.0, 1.7, 2.1, 1.4, 0.6]
+    inner = [((1 - a), a) for a in alphas[1:-1]]        # (weight of the first end model, of the second)
+    assert simplex_barrier(inner, losses[1:-1], [losses[0], losses[-1]]) == pytest.approx(
+        barrier_height(alphas, losses), abs=1e-12)
+    assert simplex_barrier(grid, [2.5] * len(grid), [2.5, 2.5, 2.5]) == pytest.approx(0, abs=1e-12)
+    with pytest.raises(Exception, match="k >= 2"):
+        simplex_grid(1, 4)
+
+
+def test_the_centroid_of_naive_averaging_is_the_mean_of_the_weights(folders, task, tmp_path):
+    ours = states(folders)
+    centroid = mixture(ours, [1 / 3] * 3)
+    for key, value in ours[0].items():
+        mean = torch.stack([s[key] for s in ours]).mean(0)
+        assert torch.allclose(centroid[key], mean, rtol=0, atol=1e-6), key
+    out = tmp_path / "naive.json"
+    code, text = run(f"ends={listed(folders)}", f"models={listed(folders)}", f"output={out}", "way=anchor/none")
+    assert code == 0, text
+    report = json.loads(out.read_text())
+    model = tf.ViTForImageClassification.from_pretrained(str(folders[0]))
+    model.load_state_dict({k: torch.stack([s[k] for s in ours]).mean(0) for k in ours[0]})
+    by_hand = task.evaluate(model.eval(), "test")
+    assert report["centroid"]["accuracy"] == by_hand["accuracy"]
+    assert report["centroid"]["loss"] == pytest.approx(by_hand["loss"], rel=1e-5)
+    assert len(report["points"]) == 13 and report["way"] == "anchor/none"
+    assert report["barrier"] == max(p["loss"] - sum(w * e for w, e in zip(p["weights"], report["end_losses"]))
+                                    for p in report["points"])
+
+
+def test_k_identical_models_have_barrier_zero_and_are_their_own_ensemble(folders, task, tmp_path):
+    copies = []
+    for i in range(3):
+        copies.append(tmp_path / f"copy{i}")
+        shutil.copytree(folders[1], copies[-1])
+    out = tmp_path / "same.json"
+    code, text = run(f"ends={listed(copies)}", f"models={listed(copies)}", f"output={out}", "grid=2", "examples=20")
+    assert code == 0, text
+    report = json.loads(out.read_text())
+    assert abs(report["barrier"]) < 1e-5 and len(report["points"]) == 4
+    assert report["end_losses"] == [report["end_losses"][0]] * 3
+    alone = task.evaluate(tf.ViTForImageClassification.from_pretrained(str(folders[1])).eval(), "test")
+    assert report["centroid"]["accuracy"] == alone["accuracy"]
+    models = [tf.ViTForImageClassification.from_pretrained(str(p)) for p in copies]
+    together = kway.ensemble(models, task)
+    assert together["accuracy"] == alone["accuracy"] and together["loss"] == pytest.approx(alone["loss"], rel=1e-6)
+
+
+def test_the_end_models_their_best_and_the_writer(folders, task, tmp_path):
+    ends = tmp_path / "ends.json"
+    assert run(f"ends={listed(folders)}", f"output={ends}")[0] == 0
+    data = json.loads(ends.read_text())
+    assert [e["accuracy"] for e in data["end_evals"]] == [
+        task.evaluate(tf.ViTForImageClassification.from_pretrained(str(p)).eval(), "test")["accuracy"] for p in folders]
+    assert data["best"]["accuracy"] == max(e["accuracy"] for e in data["end_evals"])
+    ways = {}
+    for way, models in (("anchor/none", folders), ("universe/full_symmetry", folders[::-1])):
+        ways[way] = tmp_path / f"{way.replace('/', '_')}.json"
+        assert run(f"ends={listed(folders)}", f"models={listed(models)}", f"output={ways[way]}", f"way={way}",
+                   "grid=1")[0] == 0
+    entry = experiment("table_kway")
+    rows = artefacts.writer_of(entry).build([str(ends), *map(str, ways.values())], entry).rows
+    assert [r["way"] for r in rows] == ["anchor/none", "universe/full_symmetry", "best", "ensemble"]
+    assert rows[0]["barrier_of_naive_pct"] == 100 and rows[0]["centroid"] == 100 * json.loads(
+        ways["anchor/none"].read_text())["centroid"]["accuracy"]
+    figure = artefacts.writer_of(experiment("fig_kway")).build([str(ends), str(ways["anchor/none"])],
+                                                               experiment("fig_kway"))
+    assert figure.files[".png"][:4] == b"\x89PNG" and figure.rows[-1]["way"] == "ensemble"
+    with pytest.raises(Exception, match="does not declare"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**json.loads(ways["anchor/none"].read_text()), "way": "anchor/rotation"}))
+        artefacts.writer_of(entry).build([str(ends), str(bad)], entry)
+
+
+def test_the_permutation_universe_preset_is_the_benchmarks_configuration():
+    assert matching_config("full_permutation") == MatchConfig(attention="permutation", rescale=False, ffn="permutation",
+                                                              heads=True, residual="permutation")
+
+
+def test_mistakes_are_one_line_and_write_nothing(folders, tmp_path):
+    world = tmp_path / "world"
+    world.mkdir()
+    out = world / "out.json"
+    two, three = listed(folders[:2]), listed(folders)
+    cases = {
+        "k models for other k ends": ([f"ends={three}", f"models={two}"], "3 end models"),
+        "an end model twice": ([f"ends={listed([folders[0], folders[0]])}"], "twice"),
+        "a grid of step 1/0": ([f"ends={two}", f"models={two}", "grid=0"], "grid"),
+        "a missing folder": ([f"ends={listed([folders[0], world / 'nope'])}"], "nope"),
+        "one end model": ([f"ends={listed(folders[:1])}"], "ends"),
+        "no ends": ([], "ends"),
+        "an input as output": ([f"ends={two}", f"output={folders[0]}"], "error"),
+    }
+    for name, (args, word) in cases.items():
+        target = out if not any(a.startswith("output=") for a in args) else Path(args[-1].split("=", 1)[1])
+        before = snapshot(world, out)
+        inputs = [snapshot(p) for p in folders]
+        code, text = run(*args, *([] if target != out else [f"output={out}"]))
+        if target == out:
+            line = assert_refused(code, text, world, before, out, name)
+        else:
+            lines = [x for x in text.strip().splitlines() if not x.startswith("usage: ")]
+            assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), (name, text)
+            line = lines[0]
+        assert word in line, f"{name}: {line}"
+        assert [snapshot(p) for p in folders] == inputs, name
+
+
+def test_report_md_names_the_entry_and_compare_checks_it_only_when_both_runs_have_it(tmp_path):
+    results, figures, reference = tmp_path / "results" / "mini", tmp_path / "figures" / "mini", tmp_path / "reference"
+    for folder in (results, figures, reference):
+        folder.mkdir(parents=True)
+    section = table_section(results, experiment("table_kway"))
+    assert f"snakemake --cores 2 {results}/table_kway.csv --config profile=mini" in section
+    (reference / "table2.csv").write_text("way,centroid\nx,1.0\n")
+    (results / "table2.csv").write_text("way,centroid\nx,1.0\n")
+    (results / "table_kway.csv").write_text("way,centroid\nanchor/none,18.0\n")     # the run has it, the reference not
+    assert compare_run(results, figures, reference, tmp_path, 0.5)[0] == []
+    (reference / "table_kway.csv").write_text("way,centroid\nanchor/none,20.0\n")   # both: its numbers are checked
+    problems, _ = compare_run(results, figures, reference, tmp_path, 0.5)
+    assert len(problems) == 1 and problems[0].startswith("table_kway.csv row 0 (anchor/none) centroid: 18 vs ")
