@@ -41,7 +41,11 @@ INPUT_KINDS = {
     "layer_sweeps": each_spec(lambda t, group, spec: [track_result(t.name, "layer_sweeps", group=group)]),
     "multimodel": each_spec(lambda t, group, spec: [track_result(t.name, "multimodel", group=group)]),
     "barycenter_evals": each_spec(lambda t, group, spec: [track_result(t.name, "barycenter_evals", group=group)]),
+    "kway_evals": each_spec(lambda t, group, spec: [rules.kway_ends.output[0].format(track=t.name, group=group)] + [
+        track_result(t.name, "kway_evals", group=group, way=way, matching=m) for way, ms in spec.items() for m in ms]),
 }
+# kway_evals (kway.smk): the ways of moving the k end models into one basis, each with its matchings
+KWAY_WAYS = ("anchor", "barycenter", "universe")
 
 
 def check_registry():
@@ -57,7 +61,7 @@ def check_registry():
         shown = set()
         for track, kinds in entry["inputs"].items():
             for spec in kinds.values():
-                for matching in spec.get("matchings", []):
+                for matching in spec.get("matchings", []) + [m for way in KWAY_WAYS for m in spec.get(way, [])]:
                     if matching == "profile":
                         if TRACKS[track].matching is None:
                             fail(f"{where}: the {track} track has no matching of the profile; name the matchings")

@@ -13,7 +13,8 @@ DECODER_TRACKS = ("decoder", "decoder_ft")     # the wildcard `track` of the dec
 # its output patterns take the wildcards group, source, anchor and matching, and a merge rule writes one output per
 # method of the track.
 TRACK_RULES = {
-    "vision": {"merged_evals": "merge_evaluate", "barriers": "barrier", "multimodel": "vision_multimodel"},
+    "vision": {"merged_evals": "merge_evaluate", "barriers": "barrier", "multimodel": "vision_multimodel",
+               "kway_evals": "kway_score"},
     "lang": {"merged_evals": "lang_merge_pair", "group_evals": "lang_merge_group", "layer_sweeps": "layer_sweep",
              "multimodel": "multimodel", "barycenter_evals": "multimodel_merge"},
     "decoder": {"merged_evals": "decoder_merge", "barriers": "barrier", "mergekit_evals": "decoder_mergekit"},

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 COMMON_KINDS = ("end_models", "end_evals", "matched", "task_data")
 # ... and these track-specific ones (each written by one of the track's rules)
 RESULT_KINDS = {
-    "vision": ("merged_evals", "barriers", "multimodel"),
+    "vision": ("merged_evals", "barriers", "multimodel", "kway_evals"),
     "lang": ("merged_evals", "group_evals", "layer_sweeps", "multimodel", "barycenter_evals"),
     "decoder": ("merged_evals", "barriers", "mergekit_evals"),
     "decoder_ft": ("merged_evals", "barriers", "mergekit_evals"),

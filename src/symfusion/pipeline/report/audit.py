@@ -131,6 +131,10 @@ def build_report(inputs: list[str], output: Path, experiments: list[Experiment],
     for e in experiments:
         if e.kind == "figure" and os.path.realpath(figures_abs / f"{e.name}.png") in shown:
             text.append(f"![{e.title}]({figures / f'{e.name}.png'})\n\n*{e.title}* Numbers: `{figures / f'{e.name}.csv'}`.\n")
+        elif e.kind == "figure" and e.on_demand:
+            text.append(f"*{e.title}* Built on demand, not by the default run: `snakemake --cores 2 "
+                        f"{figures_abs / e.name}.png --config profile={profile}` (in a profile with its `{e.track}` "
+                        "track).\n")
     text += ["## Known anomalies of the paper\n", *[f"- {n}" for n in paper_anomalies()], "",
              "## What differs from the paper, and why\n", *[f"- {d}" for d in DIFFERENCES.get(profile, [])], "",
              f"Provenance of every run behind these numbers: `{results / 'provenance.json'}`.\n"]

@@ -17,8 +17,8 @@ in the file) by the tolerance recorded there; --exact allows nothing. A verdict 
 change) is a function of an interval: it may change to or from "no detectable change" (never between helps and
 hurts) where an interval it rests on, in the reference's row, has an endpoint that the cell's measured allowances
 (half its interval over pairs, a recorded tolerance; not the blanket --tolerance) let cross 0 (`borderline`);
-elsewhere, and always with --exact, a verdict that differs is a difference. An artefact that one side has and the other lacks (but an on-demand one the run did not build,
-conf/experiments.yaml `on_demand`), an unreadable or malformed file, a
+elsewhere, and always with --exact, a verdict that differs is a difference. An artefact that one side has and the other lacks (but an on-demand one, conf/experiments.yaml `on_demand`,
+which is compared only when both runs built it), an unreadable or malformed file, a
 row or a column that one side lacks: each is a difference. Exit code 0 when everything agrees, 1 with a
 readable diff otherwise, 2 (one line) for a usage error.
 """
@@ -275,9 +275,9 @@ def compare_run(run_dir: Path, figures_dir: Path, reference: Path, reference_fig
     on_demand = on_demand_files()
     recorded = recorded_tolerances(reference)
     for name, path, ref in pairs:
-        if not path.exists() and (not ref.exists() or name in on_demand):
+        if (not path.exists() and not ref.exists()) or (name in on_demand and not (path.exists() and ref.exists())):
             continue                         # an artefact neither run has (e.g. a profile without it), or one built
-                                             # on demand that this run did not build
+                                             # on demand that either run did not build (checked when both have it)
         found, ok = compare_file(name, path, ref, tolerance, within_intervals, recorded.get(name))
         problems += found
         compared += ok
