@@ -11,23 +11,32 @@ newest one beside RUN_DIR's repository): job start/end times and inputs/outputs 
 --time is the output of `/usr/bin/time -v snakemake ...`: the run's exact user + system seconds,
 including Snakemake itself. The stages' own timers (train.json, match.json, merged models' merge
 seconds) are summed beside. The calibration rate is the GFLOP/s of one fixed float32 GEMM (2048^3,
-torch, 1 thread) measured now, in this process, so runs on different machines compare as ratios:
-cpu seconds x GFLOP/s = the run's cost in units of this GEMM's work.
+torch, 1 thread) measured now, so runs on different machines compare as ratios: cpu seconds x GFLOP/s = the
+run's cost in units of this GEMM's work. It is timed in a child process started with the jobs' own kernel
+settings (workflow/job_environment.py for the run's `portable`, read from its provenance.json; --portable
+before a run, default the pipeline's `true`), which MKL reads when it loads: on an Intel CPU with AVX-512
+the portable cap (MKL_ENABLE_INSTRUCTIONS=AVX2) makes the jobs' GEMMs ~0.6x the uncapped rate, and a
+calibration timed without it would price the run's work at a rate its jobs never get (docs/costs.md).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GEMM_N = 2048
 # The mini profile's cost in units of the calibration GEMM's work (CPU seconds x GFLOP/s, in TFLOP): the range
@@ -36,6 +45,36 @@ GEMM_N = 2048
 # whose rate varies 67-85 GFLOP/s); on 2 cores a run keeps 1.9 busy.
 MINI_COST_TFLOP = (195.0, 260.0)
 BUSY_PER_CORE = 0.95
+
+
+def job_kernels(portable: str) -> dict[str, str]:
+    """The kernel settings a run's jobs compute with (`portable`: true, false or vendors, the config's value):
+    workflow/job_environment.py's, read by its path as the Snakefile reads it (plain Python, no symfusion)."""
+    spec = importlib.util.spec_from_file_location("job_environment", ROOT / "workflow" / "job_environment.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    environment = module.job_environment(False, module.portable_level(portable))
+    return {k: v for k, v in environment.items() if k != "SYMFUSION_USAGE"}
+
+
+def calibration_under(portable: str, repeats: int = 5) -> float:
+    """calibration_gflops timed in a child process that starts with the jobs' kernel settings (MKL, oneDNN and
+    torch read them when they load, so this process, torch already loaded, cannot take them on)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    environment.update(job_kernels(portable))
+    code = (f"import importlib.util as u; s = u.spec_from_file_location('bench_pipeline', {str(Path(__file__))!r}); "
+            f"m = u.module_from_spec(s); s.loader.exec_module(m); print(m.calibration_gflops({repeats}))")
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_portable(run_dir: Path) -> str:
+    """The `portable` a finished run computed with (its provenance.json's config; the default `true` where the
+    file or the key is missing)."""
+    try:
+        return str(json.loads((run_dir / "provenance.json").read_text())["config"].get("portable", True)).lower()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "true"
 
 
 def calibration_gflops(repeats: int = 5) -> float:
@@ -64,14 +103,20 @@ def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
 
 def while_measuring(function, busy=busy_cpu_seconds):
     """(function(), how many CPUs other processes kept busy meanwhile): the machine's busy seconds over the
-    call, less this process's own CPU seconds, per second of wall time (None where it cannot be read).
+    call, less this process's and its children's CPU seconds, per second of wall time (None where it cannot be read).
     A calibration taken beside other work reads low; this says so."""
-    before, own, start = busy(), time.process_time(), time.perf_counter()
+    before, own, start = busy(), _own_cpu(), time.perf_counter()
     result = function()
-    after, own, wall = busy(), time.process_time() - own, time.perf_counter() - start
+    after, own, wall = busy(), _own_cpu() - own, time.perf_counter() - start
     if before is None or after is None or wall <= 0:
         return result, None
     return result, max(0.0, (after - before - own) / wall)
+
+
+def _own_cpu() -> float:
+    """CPU seconds of this process and its finished children (the calibration's child process)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _timed(function) -> float:
@@ -251,11 +296,12 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def predict(rate: float, others: float | None, cores: int) -> str:
+def predict(rate: float, others: float | None, cores: int, portable: str = "true") -> str:
     """The mini profile's CPU seconds and wall minutes on `cores` idle cores at this calibration rate."""
     cpu = [cost * 1e3 / rate for cost in MINI_COST_TFLOP]
     wall = [c / (BUSY_PER_CORE * cores) / 60 for c in cpu]
-    text = (f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s\n"
+    text = (f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread, the jobs' kernels (portable={portable}): "
+            f"{rate:.1f} GFLOP/s\n"
             f"mini profile ({MINI_COST_TFLOP[0]:.0f}-{MINI_COST_TFLOP[1]:.0f} TFLOP-equivalents of this GEMM): about "
             f"{cpu[0]:,.0f}-{cpu[1]:,.0f} CPU s here, {wall[0]:.0f}-{wall[1]:.0f} min of wall on {cores} idle cores"
             + (" (from 8 cores on, the longest chain bounds it at about 4-6 min)" if cores > 2 else ""))
@@ -276,12 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, help="the run's Snakemake log (default: the newest .snakemake/log)")
     parser.add_argument("--time", type=Path, help="/usr/bin/time -v output of the run")
     parser.add_argument("--json", type=Path, help="also write the numbers as JSON here")
+    parser.add_argument("--portable", default="true", choices=["true", "false", "vendors"],
+                        help="with --predict: the run's `portable` (the jobs' kernels the calibration is timed with; "
+                             "default true, the pipeline's)")
     args = parser.parse_args(argv)
     if args.predict == (args.run_dir is not None) or args.cores < 1:
         parser.error("give RUN_DIR (a finished run's cost) or --predict [--cores N >= 1] (a run's cost here, before it)")
-    rate, others = while_measuring(calibration_gflops)
+    portable = args.portable if args.predict else run_portable(args.run_dir)
+    rate, others = while_measuring(lambda: calibration_under(portable))
     if args.predict:
-        print(predict(rate, others, args.cores))
+        print(predict(rate, others, args.cores, portable))
         return 0
     rows = benchmark_rows(args.run_dir)
     per_rule = defaultdict(lambda: {"jobs": 0, "wall": 0.0, "cpu": 0.0, "system": 0.0})
@@ -298,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{exact} jobs' own usage lines, the other {len(rows) - exact} Snakemake's sampled user + system")
     beside = ("" if others is None else f"; other processes kept {others:.2f} CPUs busy meanwhile" +
               (" (the rate reads low: calibrate on an idle machine)" if others > 0.25 else ""))
-    print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread: {rate:.1f} GFLOP/s{beside}\n")
+    print(f"calibration: float32 {GEMM_N}^3 GEMM, 1 thread, the jobs' kernels (portable={portable}): "
+          f"{rate:.1f} GFLOP/s{beside}\n")
     print(f"per rule ({len(rows)} jobs; cpu from {source}; system = its system part where known):\n")
     print(table(rule_rows, ["rule", "jobs", "cpu", "system", "wall", "cpu_per_job"]))
     print(f"\njobs' CPU seconds: {total_cpu:.0f} (= {total_cpu * rate / 1e3:.1f} TFLOP of the calibration GEMM; "
           f"{total_cpu * rate / 60 / 150:.1f} min at 150 GFLOP/s)")
-    result = {"calibration_gflops": rate, "calibration_other_cpus": others, "rules": rule_rows,
+    result = {"calibration_gflops": rate, "calibration_portable": portable, "calibration_other_cpus": others,
+              "rules": rule_rows,
               "jobs_cpu_seconds": total_cpu}
     if args.time:
         measured = gnu_time(args.time)

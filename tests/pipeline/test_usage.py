@@ -79,3 +79,19 @@ def test_the_prediction_scales_the_mini_profiles_cost_by_this_machines_rate():
     shared = BENCH.predict(low, 1.0, 2)                                           # half of the 2 cores taken
     assert "the rate reads low" in shared and f"at least {2 * 1e3 / (BENCH.BUSY_PER_CORE * 2) / 60:.0f}-" in shared
     assert "longest chain" in BENCH.predict(low, None, 8) and "longest chain" not in slow
+
+
+def test_the_calibration_is_timed_with_the_jobs_kernels(tmp_path):
+    """The GEMM is timed under the settings the run's jobs get (MKL reads them when it loads: a child process),
+    and a finished run's `portable` comes from its provenance."""
+    capped, native, vendors = (BENCH.job_kernels(p) for p in ("true", "false", "vendors"))
+    assert "SYMFUSION_USAGE" not in capped and not any(k.startswith("MKL_") for k in native)
+    if capped:                                                  # an x86-64 CPU with AVX2 and FMA
+        assert capped["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and "MKL_CBWR" not in capped
+        assert vendors["MKL_CBWR"] == "COMPATIBLE" and vendors["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert BENCH.calibration_under("true", repeats=1) > 0
+    (tmp_path / "provenance.json").write_text('{"config": {"portable": "vendors"}}')
+    assert BENCH.run_portable(tmp_path) == "vendors"
+    (tmp_path / "provenance.json").write_text('{"config": {"portable": false}}')
+    assert BENCH.run_portable(tmp_path) == "false"
+    assert BENCH.run_portable(tmp_path / "missing") == "true"
