@@ -74,6 +74,11 @@ def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
                                  ([f"models=[{w / 'vit_a'},{w / 'vit_b'}]", f"output={w / 'vit_a'}"], "input"),
                                  ([f"models=[{w / 'vit_a'},{w / 'vit_b'}]", f"output={o / 'm'}", "max_rounds=-1"],
                                   "max_rounds")],
+        "symfusion-kway": [([DIGITS, f"ends=[{w / 'vit_a'}]", f"output={o / 'k.json'}"], "ends"),
+                           ([DIGITS, f"ends=[{w / 'vit_a'},{w / 'vit_b'}]", f"models=[{w / 'vit_a'},{w / 'vit_b'},"
+                             f"{w / 'vit_a'}]", f"output={o / 'k.json'}"], "models="),
+                           ([DIGITS, f"ends=[{w / 'vit_a'},{w / 'vit_b'}]", "grid=0", f"output={o / 'k.json'}"],
+                            "grid")],
         "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),
                              ([str(w / "shared" / "socket")], "folder")],
     }
