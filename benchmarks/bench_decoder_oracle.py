@@ -37,6 +37,7 @@ import symfusion.pipeline.tasks.base as task_base
 from symfusion.errors import SymfusionError
 from symfusion.interpolation import loss_path
 from symfusion.io.modelio import load_model
+from symfusion.io.provenance import cpu_model
 from symfusion.io.untie import is_tied, untied
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.pipeline.config import load_group
@@ -47,13 +48,6 @@ from symfusion.pipeline.tasks import make_task
 PAIRS = ["seed1:seed0", "seed2:seed0", "seed2:seed1"]
 KEYS = ("barrier_linear", "barrier")                       # above the straight line, max - min
 TITLES = {"barrier_linear": "above the straight line", "barrier": "max - min"}
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def parse_variant(variant: str) -> tuple[MatchConfig | None, str, int]:
@@ -240,7 +234,7 @@ def main() -> None:
             records[variant][pair] = r
             print(f"{pair} {variant}: barrier {r['barrier_linear']:.4f} above the line, {r['barrier']:.4f} max - min "
                   f"({r['cpu_seconds']:.0f} CPU s)", flush=True)
-    print(f"\n{args.models} ({', '.join(args.pairs)}), task {args.task}, its test blocks; {cpu_name()}, "
+    print(f"\n{args.models} ({', '.join(args.pairs)}), task {args.task}, its test blocks; {cpu_model() or 'unknown CPU'}, "
           f"{torch.get_num_threads()} thread")
     print(tables(records, args.pairs, args.against))
 

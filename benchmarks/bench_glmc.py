@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from safetensors.torch import save_file
 import symfusion
 from symfusion.interpolation import barrier_height, barrier_range, loss_path
 from symfusion.io.modelio import load_model, load_tokenizer
+from symfusion.io.provenance import cpu_model
 from symfusion.pipeline.config import load_group
 from symfusion.pipeline.data.text.bpe import tokenizer_digest
 from symfusion.pipeline.report.spread import over_pairs
@@ -45,13 +45,6 @@ THEIRS = ("vanilla", "circuit_unmatched", "weight_matching", "permutations_only"
 LABELS = {"unmatched": "unmatched (ours, raw GPT-2)", "vanilla": "theirs: vanilla (raw GPT-2, their env)",
           "circuit_unmatched": "theirs: circuit form, unmatched", "weight_matching": "theirs: weight matching (data-free)",
           "permutations_only": "theirs: weight matching, permutations only"}
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def curve(losses: list[float], alphas: list[float]) -> dict:
@@ -165,7 +158,7 @@ def main() -> int:
                         {p: results[p][name][kind] - results[p][peer][kind] for p in pairs})
     agreement = max(abs(a - b) for p in pairs for a, b in zip(results[p]["unmatched"]["loss"],
                                                             results[p].get("vanilla", results[p]["unmatched"])["loss"]))
-    header = (f"{cpu_name()}, {args.threads} thread(s); {len(blocks)} test blocks of {blocks.shape[1]} tokens; "
+    header = (f"{cpu_model() or 'unknown CPU'}, {args.threads} thread(s); {len(blocks)} test blocks of {blocks.shape[1]} tokens; "
               f"{args.points} points; their versions {results[pairs[0]]['_versions']}")
     print(f"# Beside Generalized LMC ({header})\n")
     for kind in ("barrier_linear", "barrier"):
@@ -179,7 +172,7 @@ def main() -> int:
                                           for n in results[pairs[0]] if not n.startswith("_")))
     if args.output:
         with open(args.output, "x") as handle:
-            json.dump({"cpu": cpu_name(), "threads": args.threads, "pairs": pairs, "results": results,
+            json.dump({"cpu": cpu_model() or 'unknown CPU', "threads": args.threads, "pairs": pairs, "results": results,
                        "differences": differences, "unmatched_vs_vanilla": agreement}, handle, indent=1)
     return 0
 

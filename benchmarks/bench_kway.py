@@ -47,6 +47,7 @@ from symfusion.arch import layout_of
 from symfusion.interpolation import mixture, simplex_grid
 from symfusion.io.untie import is_tied, untied
 from symfusion.io.modelio import load_model
+from symfusion.io.provenance import cpu_model
 from symfusion.matching import match_models, matching_config
 from symfusion.pipeline import kway
 from symfusion.pipeline.config import load_group
@@ -57,13 +58,6 @@ from symfusion.symmetry import apply_transform
 
 # the permutation-only universe (MergeMany-like): heads, FFN neurons and a (signed) permutation of the residual stream
 PERMUTATIONS = "full_permutation"
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def evaluate(model, state, task, examples=None) -> dict:
@@ -141,7 +135,7 @@ def learned_only(args, models, states, task, work) -> None:
                       "checks": None if report is None else [c["relative_output_change_float64"]
                                                              for c in report["checks"]]}
         print(name, json.dumps(rows[name]), flush=True)
-    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_name()}, 1 thread; {args.learned_steps} refine steps "
+    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_model() or 'unknown CPU'}, 1 thread; {args.learned_steps} refine steps "
           f"on {args.data_batches} training batches; the barrier over {len(grid)} simplex points on {args.on}\n")
     print(f"| models into one basis | centroid {args.metric} | centroid loss | simplex barrier | CPU s (all-in) |")
     print("|---|---|---|---|---|")
@@ -150,7 +144,7 @@ def learned_only(args, models, states, task, work) -> None:
               f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu": cpu_name(), "rows": rows, "steps": args.learned_steps,
+        args.out.write_text(json.dumps({"cpu": cpu_model() or 'unknown CPU', "rows": rows, "steps": args.learned_steps,
                                         "batches": args.data_batches}, indent=1))
 
 
@@ -276,7 +270,7 @@ def main() -> None:
         learned_ways(args, models, states, task, ways, cpu_of)
     one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
     per_round = ", ".join(f"{r['cpu_seconds']:.1f}" for r in universe["rounds"])
-    print(f"{cpu_name()}, 1 thread: one pairwise full_symmetry solve {one:.2f} CPU s (mean of {len(pairwise_cpu)}; "
+    print(f"{cpu_model() or 'unknown CPU'}, 1 thread: one pairwise full_symmetry solve {one:.2f} CPU s (mean of {len(pairwise_cpu)}; "
           f"wall {sum(pairwise_seconds) / len(pairwise_seconds):.2f} s); k of them {k * one:.1f} CPU s; the universe's "
           f"solve {universe['cpu_seconds']:.1f} CPU s = {universe['cpu_seconds'] / (k * one):.2f}x (start "
           f"{universe['start_cpu_seconds']:.1f}, then {len(universe['rounds'])} rounds: "
@@ -309,7 +303,7 @@ def main() -> None:
 
     k2 = None if args.skip_k2 else pair_check(models, states, anchor[1], pairwise_folded[0], task, args)
 
-    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_name()}, 1 thread; the barrier over {len(grid)} "
+    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_model() or 'unknown CPU'}, 1 thread; the barrier over {len(grid)} "
           f"simplex points (step 1/{args.grid} and the centroid) on {args.on}\n")
     print(f"| models into one basis | centroid {args.metric} | centroid loss | simplex barrier | objective J (start -> "
           "end) | rounds | solve CPU s |")
@@ -337,7 +331,7 @@ def main() -> None:
               f"{', '.join(f'{j:.3f}' for j in k2['universe']['objective'])}, {k2['universe']['seconds']:.1f} CPU s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu": cpu_name(), "names": args.names, "rows": rows, "best": best,
+        args.out.write_text(json.dumps({"cpu": cpu_model() or 'unknown CPU', "names": args.names, "rows": rows, "best": best,
                                         "ensemble": logit, "k2": k2, "task": args.task, "pairwise_seconds": pairwise_seconds,
                                         "pairwise_cpu": pairwise_cpu, "cpu_all_in": cpu_of, "ends": ends_full,
                                         "steps": args.learned_steps if args.learned else None}, indent=1))
