@@ -2,7 +2,8 @@
 
 A symmetry must not change what the model computes. Folder matching never holds a whole model, so each
 matched layer is checked on its own: the layer's transformers module, built from the config on the meta
-device and given the source's or the matched weights as they are stored (dtype rounding included), runs on
+device and run on the source's or the matched weights as they are stored (dtype rounding included; no copy of the
+module or of the weights: torch.func.functional_call), runs on
 the same random hidden states with the inputs its parent module hands it (rotary position embeddings for
 RoPE decoders; the attention mask, relative positions and relative embeddings for DeBERTa-v2, computed by the
 encoder's own code from the folder's relative-embedding weights). A whole-model check on probe inputs
@@ -63,11 +64,10 @@ def _module_path(skeleton: torch.nn.Module, layer_prefix: str) -> str:
     return found
 
 
-def _real_copy(module: torch.nn.Module, prefix: str, weights: Mapping[str, torch.Tensor], what: str,
-               real: torch.nn.Module | None = None) -> torch.nn.Module:
-    """A real float32 copy of a meta module holding `weights` (keys under prefix), or `real` (a copy of the same module
-    made so before) refilled with them: every parameter is written, a missing one refused."""
-    real = copy.deepcopy(module).to_empty(device="cpu").float() if real is None else real
+def _real_copy(module: torch.nn.Module, prefix: str, weights: Mapping[str, torch.Tensor], what: str) -> torch.nn.Module:
+    """A real float32 copy of a meta module holding `weights` (keys under prefix): every parameter is written, a
+    missing one refused."""
+    real = copy.deepcopy(module).to_empty(device="cpu").float()
     local = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}   # cast on copy
     missing, _ = real.load_state_dict(local, strict=False)
     params = [m for m in missing if m in dict(real.named_parameters())]
@@ -109,6 +109,7 @@ class BlockCheck:
     def __init__(self, config, seq_len: int = 16, seed: int = 0, skeleton: torch.nn.Module | None = None,
                  read: Callable[[list[str]], dict] | None = None, keys=()):
         skeleton = skeleton if skeleton is not None else skeleton_of(config)
+        skeleton.eval()                      # the meta model only describes; its blocks run without dropout
         self.skeleton, self.config, self.read, self.keys = skeleton, config, read, list(keys)
         gen = torch.Generator().manual_seed(seed)
         self.hidden = torch.randn(1, seq_len, config.hidden_size, generator=gen)
@@ -132,36 +133,35 @@ class BlockCheck:
         return {**self.kwargs, **self._relative}
 
     def output(self, layer_prefix: str, weights: Mapping[str, torch.Tensor], hidden: torch.Tensor | None = None,
-               r: torch.Tensor | None = None, block: torch.nn.Module | None = None) -> torch.Tensor:
+               r: torch.Tensor | None = None) -> torch.Tensor:
         """The block's output; with a residual map r, the block of the moved model: relative embeddings (rows in
         the residual stream, normalised by a post-LN norm that a permutation commutes with) moved by r as well.
-        block: a real copy of this layer's module made by block_of, refilled with `weights` (as a new copy would be)."""
+        The layer's meta module runs on `weights` (keys under layer_prefix) as float32 contiguous tensors, as a real
+        float32 copy of the module holding them would: every parameter must be given, a missing one is refused."""
         path = _module_path(self.skeleton, layer_prefix)
-        block = _real_copy(self.skeleton.get_submodule(path), layer_prefix, weights, "layer", block)
+        block = self.skeleton.get_submodule(path)
+        local = {k[len(layer_prefix):]: v.to(torch.float32 if v.is_floating_point() else v.dtype,
+                                             memory_format=torch.contiguous_format)
+                 for k, v in weights.items() if k.startswith(layer_prefix)}
+        missing = [name for name, _ in block.named_parameters() if name not in local]
+        if missing:
+            raise SymfusionError(f"layer {layer_prefix!r} lacks {missing[0]!r} in the checkpoint")
         kwargs = self._inputs(path, layer_prefix)
         if r is not None and kwargs.get("rel_embeddings") is not None:
             kwargs = {**kwargs, "rel_embeddings": kwargs["rel_embeddings"] @ r.T}
         with torch.no_grad():
-            out = block(self.hidden if hidden is None else hidden, **kwargs)
+            out = torch.func.functional_call(block, local, (self.hidden if hidden is None else hidden,), kwargs)
         return out[0] if isinstance(out, tuple) else out
-
-    def block_of(self, layer_prefix: str) -> torch.nn.Module:
-        """A real float32 copy of the layer's module (its weights not yet written), for output(block=...)."""
-        return copy.deepcopy(self.skeleton.get_submodule(_module_path(self.skeleton, layer_prefix))).to_empty(
-            device="cpu").float()
 
     def deviation(self, layer_prefix: str, source: Mapping, matched: Mapping, r: torch.Tensor | None = None) -> float:
         """max |block_matched(h) - block_source(h)| / max |block_source(h)|; with a residual map r, the matched block
-        reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|.
-        One real copy of the layer's module runs both: the source's weights, then the matched ones written over them."""
-        block = self.block_of(layer_prefix)
-        reference = self.output(layer_prefix, source, block=block)
+        reads and writes the moved stream: max |block_matched(r h) - r block_source(h)| / max |block_source(h)|."""
+        reference = self.output(layer_prefix, source)
         check_outputs_finite(reference, f"{layer_prefix.rstrip('.')}: the source's block", "random hidden states")
         if r is None:
-            return ((self.output(layer_prefix, matched, block=block) - reference).abs().max()
-                    / reference.abs().max()).item()
+            return ((self.output(layer_prefix, matched) - reference).abs().max() / reference.abs().max()).item()
         r = r.to(self.hidden.dtype)
-        moved = self.output(layer_prefix, matched, self.hidden @ r.T, r, block=block)      # rows h -> (r h)^T
+        moved = self.output(layer_prefix, matched, self.hidden @ r.T, r)      # rows h -> (r h)^T
         return ((moved - reference @ r.T).abs().max() / reference.abs().max()).item()
 
 
