@@ -1,16 +1,20 @@
-"""Benchmark: Generalized LMC's own data-free weight matching beside symfusion's full_symmetry on the same GPT-2 pairs, scored alike.
+"""Benchmark: Generalized LMC's own weight matching (data-free, and learned) beside symfusion's full_symmetry on the same GPT-2 pairs, scored alike.
 
     python benchmarks/bench_glmc.py --glmc-checkout /work/glmc --glmc-python /work/glmc-venv/bin/python \
         --models /work/glmc-models/seed0 /work/glmc-models/seed1 /work/glmc-models/seed2 --work /tmp/glmc-run \
-        [--ours full_symmetry] [--output results.json]
+        [--ours full_symmetry] [--theirs-learned [--learned-max-steps N]] [--output results.json]
 
 The peer (Theus et al., "Generalized Linear Mode Connectivity for Transformers", github
 antoniohonsell/Generalized-LMC-for-Transformers) runs in its own environment (benchmarks/glmc/setup_glmc.sh: a
 checkout of its repository and a venv with transformers 4.50.1, einops, POT): for each pair, a subprocess runs
 benchmarks/glmc/glmc_driver.py there, which calls its GPTMerger and returns each curve's per-block losses on our
 test blocks (the lm_english test split of the mini profile, 128 blocks of 128 tokens, cut with the models' own
-BPE). Ours runs here: unmatched (the raw folders) and each --ours matching (symfusion.align on the standard GPT-2
-folders, a standard GPT2LMHeadModel folder out), evaluated by the causal_lm task. Pairs: every later model onto
+BPE). --theirs-learned adds their learned merger (the driver's "learned" form: their GPTMerger, its projections trained
+by transformers' Trainer with the arguments and sampler their train_merger.py sets, on --task's train blocks, the
+best checkpoint by the loss on its validation blocks, token frequencies of its train split; --learned-max-steps
+scales their 10 epochs to what the CPU affords), which needs accelerate in their environment (setup_glmc.sh).
+Ours runs here: unmatched (the raw folders) and each --ours matching (symfusion.align on the standard GPT-2 folders,
+a standard GPT2LMHeadModel folder out), evaluated by the causal_lm task. Pairs: every later model onto
 every earlier one (seed1 onto seed0, seed2 onto seed0, seed2 onto seed1). Every curve has 11 points, alpha = 1 the
 anchor, and both of our barriers: max - min of the loss along the path (the paper's) and max above the straight
 line between the end losses. Over pairs: mean and 95% t interval (report/spread.over_pairs), and the paired
@@ -44,7 +48,8 @@ DRIVER = Path(__file__).resolve().parent / "glmc" / "glmc_driver.py"
 THEIRS = ("vanilla", "circuit_unmatched", "weight_matching", "permutations_only")
 LABELS = {"unmatched": "unmatched (ours, raw GPT-2)", "vanilla": "theirs: vanilla (raw GPT-2, their env)",
           "circuit_unmatched": "theirs: circuit form, unmatched", "weight_matching": "theirs: weight matching (data-free)",
-          "permutations_only": "theirs: weight matching, permutations only"}
+          "permutations_only": "theirs: weight matching, permutations only",
+          "learned": "theirs: learned merger (train_merger.py's training)"}
 
 
 def curve(losses: list[float], alphas: list[float]) -> dict:
@@ -52,12 +57,31 @@ def curve(losses: list[float], alphas: list[float]) -> dict:
             "barrier_linear": barrier_height(alphas, losses)}
 
 
-def theirs(args, anchor: Path, source: Path, blocks: torch.Tensor, work: Path) -> dict:
+def token_frequencies(train: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in the train blocks (their compute_token_freqs.py counts the train split's
+    tokens the same way, minlength the vocabulary): the mask their weight matching reads (ids never seen ignored)."""
+    return torch.bincount(train.flatten(), minlength=vocab_size)
+
+
+def driver_inputs(task, tokenizer, blocks: torch.Tensor, learned: bool) -> dict:
+    """The tensors the driver reads: our test blocks, and for their learned merger our train and validation blocks
+    and the train split's token frequencies."""
+    if not learned:
+        return {"blocks": blocks.contiguous()}
+    train = task.blocks("train", tokenizer)
+    return {"blocks": blocks.contiguous(), "train": train.contiguous(),
+            "validation": task.blocks("validation", tokenizer).contiguous(),
+            "token_freqs": token_frequencies(train, len(tokenizer))}
+
+
+def theirs(args, anchor: Path, source: Path, inputs: dict, work: Path) -> dict:
     """The peer's curves, from its driver in its environment: each point's mean loss over every predicted token."""
-    save_file({"blocks": blocks.contiguous()}, str(work / "blocks.safetensors"))
+    save_file(inputs, str(work / "blocks.safetensors"))
+    forms = [*args.theirs, *(["learned"] if args.theirs_learned else [])]
     command = [args.glmc_python, str(DRIVER), "--checkout", args.glmc_checkout, "--anchor", str(anchor), "--source",
                str(source), "--blocks", str(work / "blocks.safetensors"), "--output", str(work / "glmc.json"),
-               "--points", str(args.points), "--iterations", str(args.iterations), "--forms", *args.theirs]
+               "--points", str(args.points), "--iterations", str(args.iterations), "--forms", *forms,
+               "--trainer-dir", str(work / "glmc_trainer"), "--learned-max-steps", str(args.learned_max_steps)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONNOUSERSITE": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -66,7 +90,8 @@ def theirs(args, anchor: Path, source: Path, blocks: torch.Tensor, work: Path) -
     result = json.loads((work / "glmc.json").read_text())
     tokens = result["tokens_per_block"] * result["blocks"]
     return {name: {**curve([math.fsum(row) / tokens for row in form["block_loss"]], form["alphas"]),
-                   "seconds": form["seconds"]} for name, form in result["forms"].items()} | {
+                   **{k: form[k] for k in ("seconds", "cpu_seconds", "training") if k in form}}
+            for name, form in result["forms"].items()} | {
         "_versions": result["versions"]}
 
 
@@ -92,17 +117,21 @@ def ours(args, task, anchor: Path, source: Path, work: Path) -> dict:
 
 
 def table(pairs: list[str], results: dict, kind: str) -> list[str]:
-    """Rows per curve: the barrier per pair, mean [95% t] over pairs, and the mean as % of ours unmatched."""
+    """Rows per curve: the barrier per pair, mean [95% t] over pairs, and the mean of the per-pair ratios to ours
+    unmatched [95% t], in %."""
     names = [n for n in results[pairs[0]] if not n.startswith("_")]
-    unmatched = over_pairs({p: results[p]["unmatched"][kind] for p in pairs})["mean"]
-    lines = [f"| curve ({kind}) | " + " | ".join(pairs) + " | mean [95% t over pairs] | % of unmatched |",
+    lines = [f"| curve ({kind}) | " + " | ".join(pairs) + " | mean [95% t over pairs] | % of unmatched [95% t] |",
              "|---|" + "---|" * (len(pairs) + 2)]
     for name in names:
         spread = over_pairs({p: results[p][name][kind] for p in pairs})
         interval = f" [{spread['low']:.3f}, {spread['high']:.3f}]" if spread["low"] is not None else ""
+        ratio = "n/a"
+        if all(results[p]["unmatched"][kind] > 0 for p in pairs):
+            share = over_pairs({p: 100 * results[p][name][kind] / results[p]["unmatched"][kind] for p in pairs})
+            ratio = f"{share['mean']:.1f}%" + (f" [{share['low']:.1f}, {share['high']:.1f}]"
+                                                if share["low"] is not None else "")
         lines.append(f"| {LABELS.get(name, 'ours: ' + name)} | " + " | ".join(f"{results[p][name][kind]:.3f}" for p in pairs)
-                     + f" | {spread['mean']:.3f}{interval} | "
-                     + (f"{100 * spread['mean'] / unmatched:.1f}% |" if unmatched > 0 else "n/a |"))
+                     + f" | {spread['mean']:.3f}{interval} | {ratio} |")
     return lines
 
 
@@ -117,6 +146,10 @@ def main() -> int:
     parser.add_argument("--theirs", nargs="+", default=list(THEIRS), choices=THEIRS)
     parser.add_argument("--points", type=int, default=11)
     parser.add_argument("--iterations", type=int, default=15, help="their weight matching's alternations")
+    parser.add_argument("--theirs-learned", action="store_true",
+                        help="also their learned merger, trained on --task's train blocks (needs accelerate there)")
+    parser.add_argument("--learned-max-steps", type=int, default=-1,
+                        help="their learned merger's optimizer steps of 32 blocks (-1: their 10 epochs)")
     parser.add_argument("--data-batches", type=int, default=200, help="train batches of our learned variants")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", help="JSON of every number (a new file)")
@@ -137,7 +170,9 @@ def main() -> int:
         return 2
     torch.set_num_threads(args.threads)
     task = make_task(args.task, load_group("profile", "mini"))
-    blocks = task.blocks("test", load_tokenizer(models[0]))
+    tokenizer = load_tokenizer(models[0])
+    blocks = task.blocks("test", tokenizer)
+    inputs = driver_inputs(task, tokenizer, blocks, args.theirs_learned)
     results, pairs = {}, []
     for j in range(1, len(models)):
         for i in range(j):
@@ -146,14 +181,14 @@ def main() -> int:
             work.mkdir(parents=True)
             start = time.perf_counter()
             results[pair] = {**ours(args, task, models[i], models[j], work),
-                             **theirs(args, models[i], models[j], blocks, work)}
+                             **theirs(args, models[i], models[j], inputs, work)}
             pairs.append(pair)
             print(f"{pair}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     differences = {}
     for kind in ("barrier", "barrier_linear"):
         for name in args.ours:
-            for peer in ("weight_matching", "vanilla"):
-                if peer in args.theirs:
+            for peer in ("weight_matching", "vanilla", "learned"):
+                if peer in results[pairs[0]]:
                     differences[f"{name} - {peer} ({kind})"] = over_pairs(
                         {p: results[p][name][kind] - results[p][peer][kind] for p in pairs})
     agreement = max(abs(a - b) for p in pairs for a, b in zip(results[p]["unmatched"]["loss"],
@@ -170,6 +205,13 @@ def main() -> int:
     print(f"\nlargest |our unmatched - their vanilla| loss over every point: {agreement:.2e} nats")
     print("seconds per pair: " + "; ".join(f"{n} " + "/".join(f"{results[p][n]['seconds']:.1f}" for p in pairs)
                                           for n in results[pairs[0]] if not n.startswith("_")))
+    for p in pairs:
+        if "learned" in results[p]:
+            run = results[p]["learned"]["training"]
+            best = "none (no evaluation)" if run["best_eval_loss"] is None else f"{run['best_eval_loss']:.4f}"
+            print(f"their learned merger on {p}: {run['steps']} of {run['max_steps']} steps of 32 of {run['train_blocks']} "
+                  f"train blocks, best validation loss {best} ({run['best_checkpoint']}), training "
+                  f"{run['train_cpu_seconds']:.0f} CPU s, the whole form {results[p]['learned']['cpu_seconds']:.0f} CPU s")
     if args.output:
         with open(args.output, "x") as handle:
             json.dump({"cpu": cpu_model() or 'unknown CPU', "threads": args.threads, "pairs": pairs, "results": results,

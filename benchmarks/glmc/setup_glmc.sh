@@ -9,10 +9,13 @@
 # VENV_DIR      a new folder: a virtual environment with what their merger imports. Their requirements.txt lists
 #               torch, numpy, datasets, transformers==4.50.1, matplotlib, einops, POT, safetensors, wandb,
 #               accelerate; GPTMerger (merger.py, utils.py, weight_matching.py, enums.py) needs only torch,
-#               transformers 4.50.1, einops, POT (and its scipy, numpy) and safetensors, so only these are installed:
-#               torch 2.13.0 first (the CPU wheel this machine's pip finds locally), then the rest. wandb, datasets,
-#               matplotlib and accelerate are NOT installed: the driver (benchmarks/glmc/glmc_driver.py) never imports
-#               train.py, train_merger.py or eval.py, so their learned merger is not run by this setup.
+#               transformers 4.50.1, einops, POT (and its scipy, numpy) and safetensors, and their learned merger's
+#               training (transformers' Trainer, as their train_merger.py drives it) needs accelerate, so only these
+#               are installed: torch 2.13.0 first (the CPU wheel this machine's pip finds locally), then the rest.
+#               wandb, datasets and matplotlib are NOT installed: the driver (benchmarks/glmc/glmc_driver.py) never
+#               imports train.py, train_merger.py or eval.py (train_merger.py imports wandb and datasets at its top); it
+#               builds their GPTMerger and GPTMergerWrapper itself and trains them with the Trainer arguments
+#               train_merger.py sets, on our blocks (bench_glmc.py --theirs-learned).
 # GIT_SOURCE    where to clone from: the fetched mirror by default, or the GitHub URL.
 #
 # Neither folder may exist already: the script writes nothing over anything (exit 2 with one error line).
@@ -35,11 +38,12 @@ git clone --quiet --no-checkout "$source" "$checkout"
 git -C "$checkout" checkout --quiet "$PINNED"
 python3.11 -m venv "$venv"
 "$venv/bin/pip" install --quiet torch==2.13.0
-"$venv/bin/pip" install --quiet transformers==4.50.1 einops POT safetensors numpy scipy
+"$venv/bin/pip" install --quiet transformers==4.50.1 einops POT safetensors numpy scipy accelerate==1.6.0
 "$venv/bin/python" - "$checkout" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
-import torch, transformers, ot
-from merger import GPTMerger   # their entry point imports cleanly
-print(f"Generalized LMC ready: torch {torch.__version__}, transformers {transformers.__version__}, POT {ot.__version__}")
+import torch, transformers, ot, accelerate
+from merger import GPTMerger, GPTMergerWrapper   # their entry points import cleanly
+print(f"Generalized LMC ready: torch {torch.__version__}, transformers {transformers.__version__}, POT {ot.__version__}, "
+      f"accelerate {accelerate.__version__}")
 PY

@@ -3,9 +3,12 @@ the driver scores a curve exactly as symfusion's causal_lm task does, and both r
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from benchmark_scripts import BENCHMARKS, load_benchmark
 from symfusion.interpolation import alpha_grid, barrier_height, barrier_range, loss_path
@@ -61,3 +64,103 @@ def test_driver_and_bench_refuse_with_one_error_line_and_write_nothing(tmp_path)
         done = subprocess.run(["bash", str(setup), *argv], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.strip().splitlines() == [line]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.json"] and not (BENCHMARKS / "glmc-checkout").exists()
+
+
+class StandIn(torch.nn.Module):
+    """Their GPTMerger's interface (proj, set_sampler, forward), not its code: the raw weights of model0 and model1
+    interpolated at the sampled coefficient, model1's token embedding mapped by the trainable proj["residual"]."""
+
+    def __init__(self, model0, model1, token_freqs=None, permutations_only=False, iterations=15):
+        super().__init__()
+        self.seen = (token_freqs, permutations_only, iterations)
+        self.parts = [model0, model1]                 # a list, not submodules: proj alone is trained and saved
+        self.proj = torch.nn.ParameterDict({"residual": torch.nn.Parameter(torch.eye(model0.config.n_embd))})
+        self.sampled = []
+        self.set_sampler(None)
+
+    def set_sampler(self, sampler_type, fixed_coeff=0.5):
+        self.sampler = (lambda: 0.4 + 0.2 * torch.rand(()).item()) if sampler_type == "narrow_uniform" else (
+            lambda: fixed_coeff)
+
+    def forward(self, input_ids=None, labels=None):
+        a, b = ({k: v.detach() for k, v in m.named_parameters()} for m in self.parts)
+        b["transformer.wte.weight"] = b["transformer.wte.weight"] @ self.proj["residual"]
+        c = self.sampler()
+        self.sampled.append(c)
+        merged = {k: c * v + (1 - c) * b[k] for k, v in a.items()}
+        return torch.func.functional_call(self.parts[0], merged, (input_ids,), {"labels": labels})
+
+
+class StandInWrapper(torch.nn.Module):
+    def __init__(self, config, merger_model):
+        super().__init__()
+        self.config, self.merger_model = config, merger_model
+
+    def forward(self, input_ids=None, labels=None):
+        return self.merger_model(input_ids=input_ids, labels=labels)
+
+
+def test_the_learned_form_trains_the_projections_keeps_the_best_checkpoint_and_sweeps_from_the_source(tmp_path,
+                                                                                                       monkeypatch):
+    module = driver()
+    monkeypatch.setitem(module.THEIR_TRAINING, "eval_steps", 2)     # their 50 and 25, scaled to a 4-step run
+    monkeypatch.setitem(module.THEIR_TRAINING, "save_steps", 2)
+    monkeypatch.setitem(module.THEIR_TRAINING, "logging_steps", 1)
+    anchor, source = tiny_decoder("gpt2", seed=0).eval(), tiny_decoder("gpt2", seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    data = {"train": torch.randint(0, 97, (40, 16), generator=g), "validation": torch.randint(0, 97, (6, 16), generator=g),
+            "blocks": torch.randint(0, 97, (5, 16), generator=g)}
+    data["token_freqs"] = load_benchmark("bench_glmc").token_frequencies(data["train"], 97)
+    args = SimpleNamespace(iterations=3, trainer_dir=str(tmp_path / "trainer"), learned_max_steps=4, batch_size=2)
+    made = []
+    their = {"GPTMerger": lambda *m, **kw: made.append(StandIn(*m, **kw)) or made[-1], "GPTMergerWrapper": StandInWrapper,
+             "project": None, "MatrixType": None}
+    alphas = alpha_grid(3)
+    rows, record = module.learned_curve(their, anchor, source, data, alphas, args)
+    merger = made[0]
+    assert merger.seen[0] is data["token_freqs"] and merger.seen[1:] == (False, 3)
+    assert merger.parts[0] is not anchor and merger.parts[1] is not source              # copies: ours untouched
+    assert record["steps"] == record["max_steps"] == 4 and record["train_blocks"] == 40
+    assert record["token_freqs"] == int((data["token_freqs"] > 0).sum())
+    evals = [e["eval_loss"] for e in record["log"] if "eval_loss" in e]
+    assert len(evals) == 2 and record["best_eval_loss"] == min(evals)
+    best = load_file(str(Path(record["best_checkpoint"]) / "model.safetensors"))
+    assert torch.equal(merger.proj["residual"].detach(), best["merger_model.proj.residual"])  # the best one, loaded
+    assert record["moved"]["residual"]["change"] == pytest.approx(float((best["merger_model.proj.residual"]
+                                                                         - torch.eye(64)).norm()))
+    assert record["moved"]["residual"]["change"] > 0
+    assert [len(r) for r in rows] == [5, 5, 5] and merger.sampled[-9:] == [0.0] * 3 + [0.5] * 3 + [1.0] * 3
+    assert all(0.4 <= c <= 0.6 for c in merger.sampled[:-9])                # trained (and validated) on their sampler
+    assert rows[-1] == pytest.approx(driver().block_losses(anchor, data["blocks"], 2), rel=1e-6)  # alpha = 1: model0
+    unmapped = driver().block_losses(source, data["blocks"], 2)              # alpha = 0: model1 through the learned map
+    assert rows[0] == pytest.approx(unmapped, rel=1e-2) and all(a != b for a, b in zip(rows[0], unmapped))
+
+
+def test_our_inputs_to_their_learned_merger(tmp_path):
+    bench = load_benchmark("bench_glmc")
+    train = torch.tensor([[3, 3, 1], [0, 3, 5]])
+    assert bench.token_frequencies(train, 7).tolist() == [1, 1, 0, 3, 0, 1, 0]
+
+    class Task:
+        def blocks(self, split, tokenizer):
+            return {"train": train, "validation": train[:1] + 1}[split]
+
+    test = torch.arange(6).reshape(2, 3)
+    assert set(bench.driver_inputs(Task(), [0] * 7, test, learned=False)) == {"blocks"}
+    inputs = bench.driver_inputs(Task(), [0] * 7, test, learned=True)
+    assert torch.equal(inputs["blocks"], test) and torch.equal(inputs["train"], train)
+    assert torch.equal(inputs["validation"], train[:1] + 1) and inputs["token_freqs"].tolist() == [1, 1, 0, 3, 0, 1, 0]
+    dataset = driver().Blocks(test)
+    assert len(dataset) == 2 and all(torch.equal(dataset[i]["input_ids"], test[i]) and torch.equal(
+        dataset[i]["labels"], test[i]) for i in range(2))
+    blocks = tmp_path / "blocks.safetensors"
+    save_file({"blocks": test}, str(blocks))
+    for extra, line in (([], "error: the learned form needs --trainer-dir, a new folder"),
+                        (["--trainer-dir", str(tmp_path)], "error: the learned form needs --trainer-dir, a new folder"),
+                        (["--trainer-dir", str(tmp_path / "t")],
+                         f"error: the learned form needs 'train' and 'validation' blocks in {blocks}")):
+        done = subprocess.run([sys.executable, str(DRIVER), "--checkout", str(tmp_path), "--anchor", "a", "--source",
+                               "b", "--blocks", str(blocks), "--output", str(tmp_path / "out.json"), "--forms",
+                               "learned", *extra], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [line]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.safetensors"]
