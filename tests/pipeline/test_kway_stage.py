@@ -130,6 +130,51 @@ def test_the_end_models_their_best_and_the_writer(folders, task, tmp_path):
         artefacts.writer_of(entry).build([str(ends), str(bad)], entry)
 
 
+def test_a_way_reads_the_end_models_line_from_their_json_bit_for_bit(folders, task, tmp_path):
+    """The end models' losses on the barrier's examples are computed once (without models=, the rule kway_ends) and
+    read by each way (line=): its scores are those of a way that computes them itself, to the bit."""
+    ends = tmp_path / "ends.json"
+    assert run(f"ends={listed(folders)}", f"output={ends}", "examples=20")[0] == 0
+    line = json.loads(ends.read_text())["line"]
+    assert line["examples"] == 20 and line["end_losses"] == [
+        task.evaluate(tf.ViTForImageClassification.from_pretrained(str(p)).eval(), "test", examples=20)["loss"]
+        for p in folders]
+    moved = folders[::-1]
+    alone, read = tmp_path / "alone.json", tmp_path / "read.json"
+    assert run(f"ends={listed(folders)}", f"models={listed(moved)}", f"output={alone}", "examples=20", "grid=2")[0] == 0
+    code, text = run(f"ends={listed(folders)}", f"models={listed(moved)}", f"output={read}", "examples=20", "grid=2",
+                     f"line={ends}")
+    assert code == 0, text
+    ours, theirs = json.loads(alone.read_text()), json.loads(read.read_text())
+    assert theirs["end_losses"] == ours["end_losses"] == line["end_losses"]
+    assert theirs["barrier"] == ours["barrier"] and theirs["points"] == ours["points"]
+    assert theirs["centroid"] == ours["centroid"] and theirs["line_from"] == str(ends) and ours["line_from"] is None
+
+
+def test_a_line_of_other_ends_or_examples_is_refused(folders, tmp_path):
+    """line= must be the end models' JSON of the same ends (in order), task and examples: else one line, nothing
+    written."""
+    ends, two = tmp_path / "ends.json", listed(folders[:2])
+    assert run(f"ends={two}", f"output={ends}", "examples=20")[0] == 0
+    world = tmp_path / "world"
+    world.mkdir()
+    out, junk, way = world / "out.json", world / "junk.json", world / "way.json"
+    junk.write_text("not json")
+    assert run(f"ends={two}", f"models={two}", f"output={way}", "examples=20", "grid=1")[0] == 0
+    cases = {
+        "other examples": ([f"ends={two}", f"models={two}", "examples=10", f"line={ends}"], "examples=20"),
+        "other order": ([f"ends={listed(folders[1::-1])}", f"models={two}", "examples=20", f"line={ends}"], "order"),
+        "a way's JSON": ([f"ends={two}", f"models={two}", "examples=20", f"line={way}"], "no end models' line"),
+        "not JSON": ([f"ends={two}", f"models={two}", "examples=20", f"line={junk}"], "not a JSON"),
+        "missing": ([f"ends={two}", f"models={two}", "examples=20", f"line={world / 'nope.json'}"], "nope.json"),
+        "without models": ([f"ends={two}", "examples=20", f"line={ends}"], "line="),
+    }
+    for name, (args, word) in cases.items():
+        before = snapshot(world, out)
+        line = assert_refused(*run(*args, f"output={out}"), world, before, out, name)
+        assert word in line, f"{name}: {line}"
+
+
 def test_the_permutation_universe_preset_is_the_benchmarks_configuration():
     assert matching_config("full_permutation") == MatchConfig(attention="permutation", rescale=False, ffn="permutation",
                                                               heads=True, residual="permutation")

@@ -3,7 +3,7 @@
 # pairwise matching: the match rule's folders; matching none = naive averaging), `barycenter` (the paper's grouped
 # matching, symfusion-multimodel matching.multi=barycenter), `universe` (symfusion-align-many: all k into one shared
 # basis; a matching that reads data reads the track's train batches); beside them the end models, their best and their
-# logit ensemble. Only an experiment built on demand reads these (conf/experiments.yaml table_kway, fig_kway).
+# logit ensemble, and the end models' losses on the barrier's examples (kway_ends, once per track; each way reads them). Only an experiment built on demand reads these (conf/experiments.yaml table_kway, fig_kway).
 # The helper functions: kway_inputs.smk.
 
 rule align_many:
@@ -63,10 +63,12 @@ rule kway_score:
     input:
         ends=lambda w: track_models(w.track, w.group),
         models=lambda w: kway_inputs(w.track, w.group, w.way, w.matching),
+        line=lambda w: rules.kway_ends.output[0].format(track=w.track, group=w.group),
     output:
         f"{RESULTS}/{{track}}/{{group}}/kway/{{way}}/{{matching}}.json",
     params:
         ends=quoted_input("ends"),
+        line=quoted_input("line"),
         models=kway_models,
         task=lambda w: task_of(w.track, w.group, TRACKS[w.track].models[0]),
         examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
@@ -83,7 +85,8 @@ rule kway_score:
     shell:
         "symfusion-kway "
         "task={params.task:q} profile={params.profile:q} ends={params.ends:q} models={params.models:q} "
-        "examples={params.examples:q} way={params.name:q} output={params.output:q} > {log:q} 2>&1"
+        "examples={params.examples:q} way={params.name:q} line={params.line:q} output={params.output:q} "
+        "> {log:q} 2>&1"
 
 
 rule kway_ends:
@@ -96,6 +99,7 @@ rule kway_ends:
     params:
         ends=quoted_input(),
         task=lambda w: task_of(w.track, w.group, TRACKS[w.track].models[0]),
+        examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
         output=quoted_output,
         profile=PROFILE,
     log:
@@ -107,4 +111,5 @@ rule kway_ends:
         ENV
     shell:
         "symfusion-kway "
-        "task={params.task:q} profile={params.profile:q} ends={params.ends:q} output={params.output:q} > {log:q} 2>&1"
+        "task={params.task:q} profile={params.profile:q} ends={params.ends:q} examples={params.examples:q} "
+        "output={params.output:q} > {log:q} 2>&1"
