@@ -2,7 +2,7 @@
 
     python benchmarks/bench_glmc.py --glmc-checkout /work/glmc --glmc-python /work/glmc-venv/bin/python \
         --models /work/glmc-models/seed0 /work/glmc-models/seed1 /work/glmc-models/seed2 --work /tmp/glmc-run \
-        [--ours full_symmetry] [--theirs-learned [--learned-max-steps N]] [--output results.json]
+        [--ours full_symmetry] [--ours-from earlier.json] [--theirs-learned [--learned-max-steps N]] [--output results.json]
 
 The peer (Theus et al., "Generalized Linear Mode Connectivity for Transformers", github
 antoniohonsell/Generalized-LMC-for-Transformers) runs in its own environment (benchmarks/glmc/setup_glmc.sh: a
@@ -14,7 +14,8 @@ by transformers' Trainer with the arguments and sampler their train_merger.py se
 best checkpoint by the loss on its validation blocks, token frequencies of its train split; --learned-max-steps
 scales their 10 epochs to what the CPU affords), which needs accelerate in their environment (setup_glmc.sh).
 Ours runs here: unmatched (the raw folders) and each --ours matching (symfusion.align on the standard GPT-2 folders,
-a standard GPT2LMHeadModel folder out), evaluated by the causal_lm task. Pairs: every later model onto
+a standard GPT2LMHeadModel folder out), evaluated by the causal_lm task; --ours-from takes the --ours curves from
+an earlier --output of the same pairs instead (its unmatched curve must equal the one recomputed here). Pairs: every later model onto
 every earlier one (seed1 onto seed0, seed2 onto seed0, seed2 onto seed1). Every curve has 11 points, alpha = 1 the
 anchor, and both of our barriers: max - min of the loss along the path (the paper's) and max above the straight
 line between the end losses. Over pairs: mean and 95% t interval (report/spread.over_pairs), and the paired
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import save_file
@@ -116,6 +118,17 @@ def ours(args, task, anchor: Path, source: Path, work: Path) -> dict:
     return records
 
 
+def reused(args, task, anchor: Path, source: Path, earlier: dict, pair: str) -> dict:
+    """Our curves of an earlier run (--ours-from): unmatched recomputed, and it must equal that run's own to 1e-9
+    nats at every point (the same models and test blocks), or the run stops with one error line."""
+    mine = ours(SimpleNamespace(**{**vars(args), "ours": []}), task, anchor, source, None)
+    missing = [n for n in ["unmatched", *args.ours] if n not in earlier]
+    if missing or max(abs(a - b) for a, b in zip(mine["unmatched"]["loss"], earlier["unmatched"]["loss"])) > 1e-9:
+        raise SystemExit(f"error: --ours-from has no {', '.join(missing)} for {pair}" if missing else
+                         f"error: --ours-from's unmatched curve of {pair} is not this one (other models or blocks)")
+    return mine | {n: earlier[n] for n in args.ours}
+
+
 def table(pairs: list[str], results: dict, kind: str) -> list[str]:
     """Rows per curve: the barrier per pair, mean [95% t] over pairs, and the mean of the per-pair ratios to ours
     unmatched [95% t], in %."""
@@ -146,6 +159,8 @@ def main() -> int:
     parser.add_argument("--theirs", nargs="+", default=list(THEIRS), choices=THEIRS)
     parser.add_argument("--points", type=int, default=11)
     parser.add_argument("--iterations", type=int, default=15, help="their weight matching's alternations")
+    parser.add_argument("--ours-from", help="take the --ours curves from this earlier --output of the same pairs "
+                        "(our unmatched curve is recomputed and must equal its own there)")
     parser.add_argument("--theirs-learned", action="store_true",
                         help="also their learned merger, trained on --task's train blocks (needs accelerate there)")
     parser.add_argument("--learned-max-steps", type=int, default=-1,
@@ -161,9 +176,13 @@ def main() -> int:
         if not path.exists():
             print(f"error: {what}", file=sys.stderr)
             return 2
+    if args.ours_from and not Path(args.ours_from).is_file():
+        print(f"error: --ours-from {args.ours_from} is no file", file=sys.stderr)
+        return 2
     if len(models) < 2 or Path(args.work).exists() or (args.output and Path(args.output).exists()):
         print("error: give 2 or more --models, a new --work folder and a new --output file", file=sys.stderr)
         return 2
+    earlier = json.loads(Path(args.ours_from).read_text())["results"] if args.ours_from else None
     digests = {tokenizer_digest(load_tokenizer(m)) for m in models}
     if len(digests) != 1:
         print("error: the models carry different tokenizers; train them on one task", file=sys.stderr)
@@ -180,8 +199,11 @@ def main() -> int:
             work = Path(args.work) / pair.replace(":", "-onto-")
             work.mkdir(parents=True)
             start = time.perf_counter()
-            results[pair] = {**ours(args, task, models[i], models[j], work),
-                             **theirs(args, models[i], models[j], inputs, work)}
+            if earlier is None:
+                mine = ours(args, task, models[i], models[j], work)
+            else:
+                mine = reused(args, task, models[i], models[j], earlier.get(pair, {}), pair)
+            results[pair] = {**mine, **theirs(args, models[i], models[j], inputs, work)}
             pairs.append(pair)
             print(f"{pair}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     differences = {}

@@ -164,3 +164,34 @@ def test_our_inputs_to_their_learned_merger(tmp_path):
                                "learned", *extra], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.strip().splitlines() == [line]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.safetensors"]
+
+
+def test_ours_from_an_earlier_run_only_when_its_unmatched_curve_is_this_one(tmp_path, monkeypatch):
+    bench = load_benchmark("bench_glmc")
+    now = {"unmatched": {"loss": [4.0, 5.0, 4.5]}}
+
+    def unmatched_only(args, task, anchor, source, work):
+        assert args.ours == [] and work is None                              # nothing matched, nothing written
+        return now
+
+    monkeypatch.setattr(bench, "ours", unmatched_only)
+    earlier = {"unmatched": {"loss": [4.0, 5.0, 4.5]}, "full_symmetry": {"loss": [4.0, 4.2, 4.5], "barrier": 0.2},
+               "full_symmetry_learned": {"loss": [4.0, 4.1, 4.5]}}
+    args = SimpleNamespace(ours=["full_symmetry"], points=3)
+    assert bench.reused(args, None, "a", "b", earlier, "b:a") == {"unmatched": now["unmatched"],
+                                                                  "full_symmetry": earlier["full_symmetry"]}
+    moved = {**earlier, "unmatched": {"loss": [4.0, 5.0 + 1e-6, 4.5]}}
+    with pytest.raises(SystemExit, match="error: --ours-from's unmatched curve of b:a is not this one"):
+        bench.reused(args, None, "a", "b", moved, "b:a")
+    with pytest.raises(SystemExit, match="error: --ours-from has no full_symmetry for b:a"):
+        bench.reused(args, None, "a", "b", {"unmatched": earlier["unmatched"]}, "b:a")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "merger.py").write_text("")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_glmc.py"), "--glmc-checkout", str(tmp_path),
+                           "--glmc-python", sys.executable, "--models", str(model), str(model), "--work",
+                           str(tmp_path / "w"), "--ours-from", str(tmp_path / "none.json")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: --ours-from {tmp_path / 'none.json'} "
+                                                                         "is no file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "merger.py"]
