@@ -175,6 +175,57 @@ def test_a_line_of_other_ends_or_examples_is_refused(folders, tmp_path):
         assert word in line, f"{name}: {line}"
 
 
+def decoder_like(path: Path, out: Path, task="lm_toy", shift=0.0) -> Path:
+    """A stage JSON of a ViT turned into a decoder's (task lm_toy, metric perplexity = exp(loss)), for the writer."""
+    data = json.loads(path.read_text())
+    data.update(task=task, metric="perplexity")
+    for score in ([data["centroid"]] if "centroid" in data else data["end_evals"] + [data["best"], data["ensemble"]]):
+        score["loss"] += shift
+        score["perplexity"] = float(torch.tensor(score.pop("accuracy") * 0 + score["loss"]).exp())
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_the_writer_has_a_section_per_track_and_says_which_way_was_not_run(folders, tmp_path):
+    """Two tracks' results (the ViTs', then a decoder's without the barycentric way): one section each, in the
+    inputs' order, each way's barrier against its own naive averaging's, the decoder's barycentric row saying it was
+    not run; the figure draws both; report.md's summary has a line per section."""
+    ends = tmp_path / "ends.json"
+    assert run(f"ends={listed(folders)}", f"output={ends}", "examples=20")[0] == 0
+    vision = {}
+    for way, models in (("anchor/none", folders), ("barycenter/rotation", folders[::-1]),
+                        ("universe/full_symmetry", folders[1:] + folders[:1])):
+        vision[way] = tmp_path / f"{way.replace('/', '_')}.json"
+        assert run(f"ends={listed(folders)}", f"models={listed(models)}", f"output={vision[way]}", f"way={way}",
+                   "grid=1", "examples=20", f"line={ends}")[0] == 0
+    decoder = [decoder_like(ends, tmp_path / "d_ends.json"),
+               decoder_like(vision["anchor/none"], tmp_path / "d_none.json", shift=1.0),
+               decoder_like(vision["universe/full_symmetry"], tmp_path / "d_universe.json")]
+    entry = experiment("table_kway")
+    paths = [str(ends), *map(str, vision.values()), *map(str, decoder)]
+    built = artefacts.writer_of(entry).build(paths, entry)
+    rows = built.rows
+    assert [(r["task"], r["way"]) for r in rows] == [
+        ("digits", "anchor/none"), ("digits", "barycenter/rotation"), ("digits", "universe/full_symmetry"),
+        ("digits", "best"), ("digits", "ensemble"), ("lm_toy", "anchor/none"), ("lm_toy", "barycenter/rotation"),
+        ("lm_toy", "universe/full_symmetry"), ("lm_toy", "best"), ("lm_toy", "ensemble")]
+    naive = json.loads((tmp_path / "d_none.json").read_text())
+    assert rows[5]["metric"] == "perplexity" and rows[5]["centroid"] == naive["centroid"]["perplexity"]
+    assert rows[7]["barrier_of_naive_pct"] == 100 * json.loads(decoder[2].read_text())["barrier"] / naive["barrier"]
+    assert rows[6]["centroid"] is None and "not run" in rows[6]["label"] and "encoder" in rows[6]["label"]
+    assert rows[2]["barrier_of_naive_pct"] == 100 * json.loads(vision["universe/full_symmetry"].read_text())[
+        "barrier"] / json.loads(vision["anchor/none"].read_text())["barrier"]
+    assert built.files[".md"].count("| way |") == 2
+    csv_path = tmp_path / "table_kway.csv"
+    csv_path.write_text(built.files[".csv"])
+    lines = artefacts.writer_of(entry).summary(csv_path, entry)
+    assert len(lines) == 2 and "digits" in lines[0] and "lm_toy" in lines[1] and "not run" not in lines[1]
+    figure = artefacts.writer_of(experiment("fig_kway")).build(paths, experiment("fig_kway"))
+    assert figure.files[".png"][:4] == b"\x89PNG" and figure.rows == rows
+    with pytest.raises(Exception, match="two results of the end models of lm_toy"):
+        artefacts.writer_of(entry).build(paths + [str(decoder[0])], entry)
+
+
 def test_the_permutation_universe_preset_is_the_benchmarks_configuration():
     assert matching_config("full_permutation") == MatchConfig(attention="permutation", rescale=False, ffn="permutation",
                                                               heads=True, residual="permutation")

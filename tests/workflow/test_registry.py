@@ -121,8 +121,9 @@ def test_an_on_demand_entry_is_built_by_its_own_target_only():
 @pytest.mark.slow
 def test_the_kway_entry_is_built_by_its_own_target_only():
     """mini's k-way table (issue 58): not in the default DAG (no rule of kway.smk there), but its target builds it from
-    the 3 end ViTs: the pairwise matchings onto the first, one align-many job per universe matching, the barycentric
-    matching, each way scored, the end models' own scores."""
+    the 3 end ViTs and the 3 end decoders: per track the pairwise matchings onto the first, one align-many job per
+    universe matching, the barycentric matching (ViTs only), each way scored, the end models' own scores (once per
+    track, read by every way's score)."""
     default = dry_run_jobs(snakemake(ROOT, "-n", "--config", "profile=mini", "results_dir=/nonexistent/results",
                                      "figures_dir=/nonexistent/figures").stdout)
     assert not {"align_many", "kway_barycenter", "kway_score", "kway_ends"} & set(default)
@@ -133,14 +134,19 @@ def test_the_kway_entry_is_built_by_its_own_target_only():
                     "figures_dir=/nonexistent/figures")
     assert run.returncode == 0, run.stdout[-2000:]
     jobs = dry_run_jobs(run.stdout)
-    ways = experiment("table_kway").inputs["vision"]["kway_evals"]
-    assert len(jobs["train"]) == 3 and "report" not in jobs and len(jobs["table"]) == len(jobs["figure"]) == 1
-    assert sorted(j["output"][0].rsplit("/", 1)[1] for j in jobs["align_many"]) == sorted(ways["universe"])
-    assert sorted(j["output"][0].rsplit("/", 1)[1] for j in jobs["match"]) == ["full_symmetry", "full_symmetry"]
-    assert all("-onto-seed0/" in j["output"][0] for j in jobs["match"])
-    assert len(jobs["kway_barycenter"]) == 1 and len(jobs["kway_ends"]) == 1
-    assert len(jobs["kway_score"]) == sum(len(m) for m in ways.values())
-    assert any("full_symmetry_learned" in j["output"][0] for j in jobs["kway_score"])
+    inputs = experiment("table_kway").inputs
+    assert set(inputs) == {"vision", "decoder"} and "barycenter" not in inputs["decoder"]["kway_evals"]
+    assert len(jobs["train"]) == 6 and "report" not in jobs and len(jobs["table"]) == len(jobs["figure"]) == 1
+    assert len(jobs["kway_barycenter"]) == 1 and "/vision/" in jobs["kway_barycenter"][0]["output"][0]
+    for track, ways in ((t, inputs[t]["kway_evals"]) for t in ("vision", "decoder")):
+        mine = {rule: [j for j in jobs[rule] if f"/{track}/" in j["output"][0]]
+                for rule in ("align_many", "match", "kway_ends", "kway_score")}
+        assert sorted(j["output"][0].rsplit("/", 1)[1] for j in mine["align_many"]) == sorted(ways["universe"])
+        assert sorted(j["output"][0].rsplit("/", 1)[1] for j in mine["match"]) == ["full_symmetry", "full_symmetry"]
+        assert all("-onto-seed0/" in j["output"][0] for j in mine["match"])
+        assert len(mine["kway_ends"]) == 1 and len(mine["kway_score"]) == sum(len(m) for m in ways.values())
+        assert any("full_symmetry_learned" in j["output"][0] for j in mine["kway_score"])
+        assert all(mine["kway_ends"][0]["output"][0] in j["input"] for j in mine["kway_score"])
 
 
 def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():

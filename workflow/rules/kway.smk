@@ -3,12 +3,15 @@
 # pairwise matching: the match rule's folders; matching none = naive averaging), `barycenter` (the paper's grouped
 # matching, symfusion-multimodel matching.multi=barycenter), `universe` (symfusion-align-many: all k into one shared
 # basis; a matching that reads data reads the track's train batches); beside them the end models, their best and their
-# logit ensemble, and the end models' losses on the barrier's examples (kway_ends, once per track; each way reads them). Only an experiment built on demand reads these (conf/experiments.yaml table_kway, fig_kway).
+# logit ensemble, and the end models' losses on the barrier's examples (kway_ends, once per track; each way reads
+# them). The tracks: vision and decoder (KWAY_TRACKS; the barycentric matching vision only: symfusion-multimodel's
+# grouped matching refuses decoders). Only an experiment built on demand reads these (conf/experiments.yaml
+# table_kway, fig_kway).
 # The helper functions: kway_inputs.smk.
 
 rule align_many:
     wildcard_constraints:
-        track="vision",
+        track=KWAY_TRACKS,
     input:
         lambda w: track_models(w.track, w.group),
     output:
@@ -58,7 +61,7 @@ rule kway_barycenter:
 
 rule kway_score:
     wildcard_constraints:
-        track="vision",
+        track=KWAY_TRACKS,
         way="|".join(KWAY_WAYS),
     input:
         ends=lambda w: track_models(w.track, w.group),
@@ -91,7 +94,7 @@ rule kway_score:
 
 rule kway_ends:
     wildcard_constraints:
-        track="vision",
+        track=KWAY_TRACKS,
     input:
         lambda w: track_models(w.track, w.group),
     output:

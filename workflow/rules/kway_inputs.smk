@@ -1,6 +1,10 @@
 # The k-way rules' inputs and command-line values (kway.smk; helper functions live apart from the rules, as
 # snakemake --lint asks).
 
+# the tracks whose k end models a k-way entry merges (kway.smk's wildcard constraint; kway_barycenter: vision only, as
+# symfusion-multimodel's barycentric matching supports the encoder families only)
+KWAY_TRACKS = "vision|decoder"
+
 
 def track_models(track, group):
     """The track's end models of `group`, the first first (the anchor of anchor matching, the gauge of the others)."""

@@ -17,7 +17,8 @@ TRACK_RULES = {
                "kway_evals": "kway_score"},
     "lang": {"merged_evals": "lang_merge_pair", "group_evals": "lang_merge_group", "layer_sweeps": "layer_sweep",
              "multimodel": "multimodel", "barycenter_evals": "multimodel_merge"},
-    "decoder": {"merged_evals": "decoder_merge", "barriers": "barrier", "mergekit_evals": "decoder_mergekit"},
+    "decoder": {"merged_evals": "decoder_merge", "barriers": "barrier", "mergekit_evals": "decoder_mergekit",
+                "kway_evals": "kway_score"},
     "decoder_ft": {"merged_evals": "decoder_merge", "barriers": "barrier",
                    "mergekit_evals": "decoder_mergekit"},
 }

@@ -17,7 +17,7 @@ COMMON_KINDS = ("end_models", "end_evals", "matched", "task_data")
 RESULT_KINDS = {
     "vision": ("merged_evals", "barriers", "multimodel", "kway_evals"),
     "lang": ("merged_evals", "group_evals", "layer_sweeps", "multimodel", "barycenter_evals"),
-    "decoder": ("merged_evals", "barriers", "mergekit_evals"),
+    "decoder": ("merged_evals", "barriers", "mergekit_evals", "kway_evals"),
     "decoder_ft": ("merged_evals", "barriers", "mergekit_evals"),
 }
 TRACK_NAMES = tuple(RESULT_KINDS)

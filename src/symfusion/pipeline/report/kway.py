@@ -1,11 +1,14 @@
-"""Beyond the paper: k models into one: the centroid merge and the simplex barrier of the track's k end models after each way of moving them into one basis, beside the best end model and the logit ensemble (a table, or a figure).
+"""Beyond the paper: k models into one: the centroid merge and the simplex barrier of each track's k end models after each way of moving them into one basis, beside the best end model and the logit ensemble (a table, or a figure).
 
 Inputs (the kway_evals of conf/experiments.yaml, symfusion-kway's JSONs): one per way and matching, `way` naming them
 (anchor/none: naive averaging; anchor/M: each model onto the first by pairwise M; barycenter/M: symfusion-multimodel's
 grouped matching; universe/M: symfusion-align-many), and the end models' own (their scores, the best, the logit
-ensemble). Rows in the entry's order of ways and matchings, then the best end model and the ensemble; accuracies in
-points (x100), losses in nats; the barrier also as a percentage of naive averaging's. The figure: the centroid's
-accuracy per way with the best end model and the ensemble as lines, and the simplex barrier per way.
+ensemble). One section per task (a track's k end models: the ViTs, the decoders), in the inputs' order: rows in the
+entry's order of ways and matchings, then the best end model and the ensemble; accuracies in points (x100), a
+decoder's perplexity as it is, losses in nats; the barrier also as a percentage of the section's naive averaging's. A
+way that another section has and this one lacks is a row saying it was not run (the barycentric matching: encoders
+only). The figure: per section, the centroid's score per way with the best end model and the ensemble as lines, and
+the simplex barrier per way.
 """
 from __future__ import annotations
 
@@ -26,14 +29,15 @@ SHAPES = {RESULT_FILE: {"if": {"required": ["ensemble"]}, "then": ENDS, "else": 
 WAYS = {"anchor": "anchor: each onto the first by pairwise", "barycenter": "barycentric (grouped) matching,",
         "universe": "universe: all into one basis by"}
 NAIVE = "anchor/none"
+NOT_RUN = {"barycenter": "not run: symfusion-multimodel's grouped matching supports the encoder families only"}
 COLUMNS = ["way", "label", "task", "k", "metric", "centroid", "centroid_loss", "simplex_barrier", "barrier_of_naive_pct",
            "points", "examples"]
 
 
 def declared(experiment: Experiment) -> list[str]:
-    """The ways the entry shows, `way/matching`, in its order."""
-    return [f"{way}/{m}" for kinds in experiment.inputs.values() for kind, spec in kinds.items() if kind == "kway_evals"
-            for way, matchings in spec.items() for m in matchings]
+    """The ways the entry shows, `way/matching`, in its order (over its tracks, each once)."""
+    return list(dict.fromkeys(f"{way}/{m}" for kinds in experiment.inputs.values() for kind, spec in kinds.items()
+                              if kind == "kway_evals" for way, matchings in spec.items() for m in matchings))
 
 
 def label(way: str, experiment: Experiment) -> str:
@@ -48,31 +52,45 @@ def score(value: float, metric: str) -> float:
 
 
 def kway_rows(paths: list[str], experiment: Experiment) -> list[dict]:
-    """One row per declared way that the inputs hold (entry order), then the best end model and the ensemble."""
+    """Per task (section, in the inputs' order): one row per declared way that the inputs hold (entry order), a row
+    for each way another section has and this one lacks (not run), then the best end model and the ensemble."""
     order = declared(experiment)
-    ways, ends = {}, None
+    sections: dict[str, dict] = {}
     for path in paths:
         data = read_json(path)
+        section = sections.setdefault(data["task"], {"ways": {}, "ends": None})
         if "ensemble" in data:
-            if ends is not None:
-                raise SymfusionError(f"{experiment.name}: two results of the end models ({path}); pass one")
-            ends = data
+            if section["ends"] is not None:
+                raise SymfusionError(f"{experiment.name}: two results of the end models of {data['task']} ({path}); "
+                                     "pass one")
+            section["ends"] = data
             continue
         if data["way"] not in order:
             raise SymfusionError(f"{experiment.name}: {path} is of way {data['way'][:60]!r}, which its entry in "
                                  f"conf/experiments.yaml does not declare ({', '.join(order)}); declare it there")
-        if data["way"] in ways:
-            raise SymfusionError(f"{experiment.name}: two results of way {data['way']!r}; pass one")
-        ways[data["way"]] = data
-    if ends is None or not ways:
+        if data["way"] in section["ways"]:
+            raise SymfusionError(f"{experiment.name}: two results of way {data['way']!r} of {data['task']}; pass one")
+        section["ways"][data["way"]] = data
+    if not sections or any(s["ends"] is None or not s["ways"] for s in sections.values()):
         raise SymfusionError(f"{experiment.name} reads the end models' scores (kway/ends.json) and at least one way's "
-                             "(kway/<way>/<matching>.json); pass the results its registry entry names")
-    if any(d["k"] != ends["k"] or d["task"] != ends["task"] for d in ways.values()):
+                             "(kway/<way>/<matching>.json) of each track; pass the results its registry entry names")
+    anywhere = {way for s in sections.values() for way in s["ways"]}
+    return [row for s in sections.values() for row in section_rows(s["ways"], s["ends"], order, anywhere, experiment)]
+
+
+def section_rows(ways: dict, ends: dict, order: list[str], anywhere: set, experiment: Experiment) -> list[dict]:
+    """One task's rows: its ways (and those of `anywhere` it lacks, not run), its best end model, its ensemble."""
+    if any(d["k"] != ends["k"] for d in ways.values()):
         raise SymfusionError(f"{experiment.name}: the ways' results are not of the end models' k = {ends['k']} and "
                              f"task {ends['task']}; pass one group's results")
     naive = ways.get(NAIVE, {}).get("barrier")
     rows = []
-    for way in (w for w in order if w in ways):
+    for way in (w for w in order if w in anywhere):
+        if way not in ways:
+            why = NOT_RUN.get(way.split("/", 1)[0], "not run for these models")
+            rows.append({"task": ends["task"], "k": ends["k"], "way": way, "label": f"{label(way, experiment)} "
+                         f"({why})", "metric": ends["metric"]})
+            continue
         data = ways[way]
         metric = data["metric"]
         rows.append({"task": data["task"], "k": data["k"], "way": way, "label": label(way, experiment),
@@ -87,51 +105,73 @@ def kway_rows(paths: list[str], experiment: Experiment) -> list[dict]:
     return [{c: row.get(c) for c in COLUMNS} for row in rows]
 
 
+def by_task(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows of each section (task), in their order."""
+    sections: dict[str, list[dict]] = {}
+    for row in rows:
+        sections.setdefault(row["task"], []).append(row)
+    return sections
+
+
 def build(paths: list[str], experiment: Experiment) -> Built:
     rows = kway_rows(paths, experiment)
     if experiment.kind == "figure":
         return Built(rows, {**figure_files(plot(rows, experiment)), ".csv": csv_text(rows)})
-    first = rows[0]
-    text = (f"# {experiment.title}\n\n" + markdown_table(rows, COLUMNS) +
-            f"\nk = {first['k']} end models ({first['task']}). `centroid`: the equal-weight merge's {first['metric']} "
-            "(accuracy in points) on the whole test split, `centroid_loss` its loss; `simplex_barrier`: the largest, "
+    tables = "\n".join(f"k = {part[0]['k']} end models ({task}, {part[0]['metric']}):\n\n" + markdown_table(part, COLUMNS)
+                       for task, part in by_task(rows).items())
+    text = (f"# {experiment.title}\n\n" + tables +
+            "\n`centroid`: the equal-weight merge's metric (accuracy in points, or a decoder's perplexity) on the whole "
+            "test split, `centroid_loss` its loss (nats; a decoder's per token); `simplex_barrier`: the largest, "
             "over the simplex grid's `points` (weights in steps of 1/4, and the centroid) on `examples` test "
-            "examples, of the mixture's loss minus the mixture of the end models' losses (`barrier_of_naive_pct`: "
-            "of naive averaging's). The best end model and the logit ensemble (the mean of the k models' logits) "
-            "are the end models' own scores.\n\n" + inputs_list(paths))
+            "examples (empty: all), of the mixture's loss minus the mixture of the end models' losses "
+            "(`barrier_of_naive_pct`: of the same models' naive averaging's). The best end model (a decoder's: the "
+            "lowest loss) and the logit ensemble (the mean of the k models' logits) are the end models' own "
+            "scores.\n\n" + inputs_list(paths))
     return Built(rows, {".csv": csv_text(rows), ".md": signed_markdown(text)})
 
 
 def plot(rows: list[dict], experiment: Experiment):
-    """Left: the centroid's score per way, the best end model and the ensemble as lines; right: the simplex barrier."""
-    ways = [r for r in rows if r["way"] not in ("best", "ensemble")]
-    lines = {r["way"]: r for r in rows if r["way"] in ("best", "ensemble")}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.5 * len(ways) + 2.5), sharey=True)
-    y = range(len(ways))
-    left.barh(y, [r["centroid"] for r in ways], color="tab:blue")
-    for (way, row), style in zip(lines.items(), ("--", ":")):
-        left.axvline(row["centroid"], color="black", linestyle=style, label=row["label"])
-    left.set_yticks(list(y), [r["label"] for r in ways])
-    left.invert_yaxis()
-    left.set_xlabel(f"centroid merge: test {ways[0]['metric']}" + (" (%)" if ways[0]["metric"] == "accuracy" else ""))
-    left.legend(loc="lower right", fontsize=8)
-    right.barh(y, [r["simplex_barrier"] for r in ways], color="tab:red")
-    right.set_xlabel("simplex barrier (test loss above the end models' mixture)")
-    fig.suptitle(f"k = {ways[0]['k']} end models into one ({ways[0]['task']})")
+    """Per section (a row of panels): left, the centroid's score per way, the best end model and the ensemble as
+    lines (a decoder's perplexity on a log scale); right, the simplex barrier. A way not run: no bar."""
+    sections = list(by_task(rows).values())
+    heights = [0.5 * sum(r["way"] not in ("best", "ensemble") for r in part) + 1.5 for part in sections]
+    fig, axes = plt.subplots(len(sections), 2, figsize=(12, sum(heights) + 1), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for (left, right), part in zip(axes, sections):
+        ways = [r for r in part if r["way"] not in ("best", "ensemble")]
+        lines = {r["way"]: r for r in part if r["way"] in ("best", "ensemble")}
+        metric, y = ways[0]["metric"], range(len(ways))
+        left.barh(y, [r["centroid"] or 0 for r in ways], color="tab:blue")
+        for (way, row), style in zip(lines.items(), ("--", ":")):
+            left.axvline(row["centroid"], color="black", linestyle=style, label=row["label"])
+        if metric == "perplexity":
+            left.set_xscale("log")
+        left.set_yticks(list(y), [r["label"] for r in ways])
+        left.invert_yaxis()
+        left.set_xlabel(f"centroid merge: test {metric}" + (" (%)" if metric == "accuracy" else " (log scale)"))
+        left.legend(loc="lower right", fontsize=8)
+        left.set_title(f"k = {ways[0]['k']} end models into one ({ways[0]['task']})", fontsize=10)
+        right.barh(y, [r["simplex_barrier"] or 0 for r in ways], color="tab:red")
+        right.set_yticks(list(y), [""] * len(ways))
+        right.invert_yaxis()
+        right.set_xlabel("simplex barrier (test loss above the end models' mixture)")
     fig.tight_layout()
     return fig
 
 
 def summary(csv_path: Path, experiment: Experiment) -> list[str]:
-    """The table's line in report.md (the figure shows the same rows): each way's centroid and barrier."""
+    """The table's lines in report.md (the figure shows the same rows): per section, each way's centroid and
+    barrier."""
     if experiment.kind == "figure":
         return []
-    rows = read_csv_rows(csv_path)
-    ways = [r for r in rows if r["way"] not in ("best", "ensemble")]
-    ends = {r["way"]: r for r in rows if r["way"] in ("best", "ensemble")}
-    if not ways:
-        return []
-    cells = "; ".join(f"{r['label']} {float(r['centroid']):.2f} / {float(r['simplex_barrier']):.3f}" for r in ways)
-    tail = ", ".join(f"{r['label']} {float(r['centroid']):.2f}" for r in ends.values())
-    return [f"k models into one (k = {ways[0]['k']}, {ways[0]['task']}): centroid {ways[0]['metric']} / simplex barrier "
-            f"per way: {cells}; {tail}."]
+    lines = []
+    for task, rows in by_task(read_csv_rows(csv_path)).items():
+        ways = [r for r in rows if r["way"] not in ("best", "ensemble") and r["centroid"] not in ("", None)]
+        ends = {r["way"]: r for r in rows if r["way"] in ("best", "ensemble")}
+        if not ways:
+            continue
+        cells = "; ".join(f"{r['label']} {float(r['centroid']):.2f} / {float(r['simplex_barrier']):.3f}" for r in ways)
+        tail = ", ".join(f"{r['label']} {float(r['centroid']):.2f}" for r in ends.values())
+        lines.append(f"k models into one (k = {ways[0]['k']}, {task}): centroid {ways[0]['metric']} / simplex barrier "
+                     f"per way: {cells}; {tail}.")
+    return lines
