@@ -360,3 +360,29 @@ def test_lm_task_configs_are_causal_lm_tasks():
         assert config.kind == "causal_lm" and isinstance(make_task(config), CausalLMTask)
     assert load_task("lm_plots").options.corpora == ["rt_plots"] and load_task("lm_plots").block_size == 256
     assert np.all([c in lm.LM_CORPORA for c in load_task("lm_english").options.corpora])
+
+
+def test_data_seed_orders_the_data_and_keeps_the_initialisation(toy_corpora, tmp_path):
+    """symfusion-train data_seed=D: the blocks' order from D, the initialisation from seed. data_seed equal to seed
+    trains the very model of seed alone; another data_seed trains another model from the same start (with lr 0
+    the weights stay the start: equal for one seed and any data order, not for another seed)."""
+    def weights(folder):
+        return load_model(str(folder)).state_dict()
+
+    task = toy_task(toy_corpora)
+    plain = task.train(str(tmp_path / "plain"), dict(TINY_LLAMA), 0)
+    same = task.train(str(tmp_path / "same"), dict(TINY_LLAMA), 0, data_seed=0)
+    other = task.train(str(tmp_path / "other"), dict(TINY_LLAMA), 0, data_seed=1)
+    assert (plain["seed"], plain["data_seed"], other["data_seed"]) == (0, 0, 1)
+    a, b, c = weights(tmp_path / "plain"), weights(tmp_path / "same"), weights(tmp_path / "other")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert plain["history"] == same["history"]
+    assert any(not torch.equal(a[k], c[k]) for k in a) and plain["history"] != other["history"]
+
+    still = toy_task(toy_corpora, train={"epochs": 1, "batch_size": 8, "lr": 0.0, "weight_decay": 0.0,
+                                         "warmup_ratio": 0.1})
+    for name, seed, data_seed in (("s0d0", 0, None), ("s0d1", 0, 1), ("s1d0", 1, 0)):
+        still.train(str(tmp_path / name), dict(TINY_LLAMA), seed, data_seed=data_seed)
+    start0, start0_other_order, start1 = (weights(tmp_path / n) for n in ("s0d0", "s0d1", "s1d0"))
+    assert all(torch.equal(start0[k], start0_other_order[k]) for k in start0)
+    assert any(not torch.equal(start0[k], start1[k]) for k in start0)

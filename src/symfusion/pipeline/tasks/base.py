@@ -91,7 +91,8 @@ class Task(ABC):
         """See the subclasses."""
 
     @abstractmethod
-    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None) -> dict:
+    def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
+              precision: str = "auto", data_seed: int | None = None) -> dict:
         """See the subclasses."""
 
     def copy_head(self, model: torch.nn.Module, head_dir: str | Path) -> list[str]:

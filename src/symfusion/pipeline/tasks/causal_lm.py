@@ -165,7 +165,7 @@ class CausalLMTask(Task):
         return manifest
 
     def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
-              precision: str = "auto") -> dict:
+              precision: str = "auto", data_seed: int | None = None) -> dict:
         """A Llama- or GPT-2-layout decoder trained from scratch with the task's tokenizer (conf/model/llama_*.yaml,
         conf/model/gpt2_*.yaml), or a pretrained decoder fine-tuned with its own (model_cfg.base_model, e.g.
         conf/model/smollm2_135m.yaml)."""
@@ -195,7 +195,7 @@ class CausalLMTask(Task):
             batch_size=int(train.batch_size), lr=float(train.lr), weight_decay=float(train.weight_decay),
             warmup_ratio=float(train.warmup_ratio), eval_batch_size=int(self.cfg.eval_batch_size),
             resolved_config=resolved_config, record=record, inputs=inputs, precision=precision,
-            patience=train.get("patience"))
+            patience=train.get("patience"), data_seed=data_seed)
 
 
 

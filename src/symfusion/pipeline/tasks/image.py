@@ -121,7 +121,7 @@ class ImageTask(Task):
         return manifest
 
     def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
-              precision: str = "auto") -> dict:
+              precision: str = "auto", data_seed: int | None = None) -> dict:
         """A ViT trained from scratch on this task (model_cfg: a conf/model/vit_*.yaml)."""
         if model_cfg.get("base_model"):
             raise SymfusionError(f"model={model_cfg.get('name')} is a text encoder; image tasks need a ViT config (vit_*)")
@@ -130,7 +130,7 @@ class ImageTask(Task):
             output, self.splits(), model_cfg, seed=seed, epochs=int(train.epochs), batch_size=int(train.batch_size),
             lr=float(train.lr), weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
             eval_batch_size=int(self.cfg.eval_batch_size), augmentation=bool(train.get("augment", False)),
-            resolved_config=resolved_config, precision=precision)
+            resolved_config=resolved_config, precision=precision, data_seed=data_seed)
 
 
 # ---------------------------------------------------------------- the ViT trainer
@@ -165,17 +165,19 @@ def augment(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def train_image_classifier(output_dir: str, splits: dict, model_cfg: dict, seed: int, epochs: int,
                            batch_size: int, lr: float, weight_decay: float, warmup_ratio: float,
                            eval_batch_size: int = 512, augmentation: bool = False,
-                           resolved_config: dict | None = None, precision: str = "auto") -> dict:
+                           resolved_config: dict | None = None, precision: str = "auto",
+                           data_seed: int | None = None) -> dict:
     """Train a ViT on splits["train"], keep the best epoch on splits["validation"], save atomically.
-    precision: training.use_autocast (auto: bfloat16 autocast and TF32 on a GPU, float32 on the CPU)."""
+    precision: training.use_autocast (auto: bfloat16 autocast and TF32 on a GPU, float32 on the CPU); data_seed:
+    the seed of the data order and augmentation (None: `seed`, which always seeds the initialisation)."""
     with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, is_dir=True) as claim, training_run(output_dir):
         return _train_vit(claim, Path(output_dir), splits, model_cfg, seed, epochs, batch_size, lr, weight_decay,
-                          warmup_ratio, eval_batch_size, augmentation, resolved_config, precision)
+                          warmup_ratio, eval_batch_size, augmentation, resolved_config, precision, data_seed)
 
 
 def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, epochs: int, batch_size: int, lr: float,
                weight_decay: float, warmup_ratio: float, eval_batch_size: int, augmentation: bool,
-               resolved_config: dict | None, precision: str) -> dict:
+               resolved_config: dict | None, precision: str, data_seed: int | None) -> dict:
     train_set, validation_set = splits["train"], splits["validation"]
     torch.manual_seed(seed)
     config = vit_config(model_cfg, train_set.image_shape, train_set.num_classes)
@@ -183,7 +185,7 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
     amp = use_autocast(precision, device)
     model = transformers.ViTForImageClassification(config).to(device)
     optimizer = adamw(model, lr, weight_decay)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)     # the data order
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=generator, drop_last=True,
                         **loader_options(device))
     total_steps = epochs * len(loader)
@@ -193,7 +195,8 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
     fingerprint = json.dumps([model_cfg, seed, epochs, batch_size, lr, weight_decay, warmup_ratio,
                               augmentation, len(train_set),
                               tensors_digest(train_set.pixels, train_set.labels, validation_set.pixels,
-                                             validation_set.labels)] + (["bf16"] if amp else []), sort_keys=True)
+                                             validation_set.labels)] + (["bf16"] if amp else [])
+                             + ([] if data_seed is None else [{"data_seed": data_seed}]), sort_keys=True)
 
     def batch_loss(batch):
         pixels = augment(batch["pixel_values"], generator) if augmentation else batch["pixel_values"]
@@ -208,7 +211,8 @@ def _train_vit(claim, output: Path, splits: dict, model_cfg: dict, seed: int, ep
 
     fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
                  "accuracy")
-    report = {"seed": seed, "epochs": epochs, "best_epoch": fitted.best_epoch, "bf16_autocast": amp,
+    report = {"seed": seed, "data_seed": seed if data_seed is None else data_seed,
+              "epochs": epochs, "best_epoch": fitted.best_epoch, "bf16_autocast": amp,
               "validation_accuracy": fitted.best_score, "validation_score": fitted.best_score,
               "history": fitted.history, "seconds": fitted.seconds,
               "resumed_after_epoch": fitted.resumed_after_epoch,

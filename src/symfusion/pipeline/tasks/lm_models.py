@@ -140,8 +140,10 @@ def train_causal_lm(output_dir: str, build: Callable[[], torch.nn.Module], token
                     validation_blocks: torch.Tensor, seed: int, epochs: int, batch_size: int, lr: float,
                     weight_decay: float, warmup_ratio: float, eval_batch_size: int = 32,
                     resolved_config: dict | None = None, record: dict | None = None, inputs: list | None = None,
-                    precision: str = "auto", patience: int | None = None) -> dict:
-    """Train build() (seeded with `seed` first) on the train blocks, next-token loss, AdamW and a cosine schedule;
+                    precision: str = "auto", patience: int | None = None,
+                    data_seed: int | None = None) -> dict:
+    """Train build() (seeded with `seed` first; the blocks' order with `data_seed`, None: `seed`) on the train
+    blocks, next-token loss, AdamW and a cosine schedule;
     keep the epoch of the lowest validation loss (`patience`: stop after that many epochs without a lower one); save the model, its tokenizer and train.json atomically.
     `record`: what the report says about the model and data (model config, base model, task, unigram baseline);
     `inputs`: folders the output must not be (a base model)."""
@@ -155,12 +157,12 @@ def train_causal_lm(output_dir: str, build: Callable[[], torch.nn.Module], token
     with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=inputs or [], is_dir=True) as claim, training_run(output_dir):
         return _train(claim, Path(output_dir), build, tokenizer, train_blocks, validation_blocks, seed, epochs,
                       batch_size, lr, weight_decay, warmup_ratio, eval_batch_size, resolved_config, record or {},
-                      precision, patience)
+                      precision, patience, data_seed)
 
 
 def _train(claim, output: Path, build, tokenizer, train_blocks, validation_blocks, seed: int, epochs: int,
            batch_size: int, lr: float, weight_decay: float, warmup_ratio: float, eval_batch_size: int,
-           resolved_config, record: dict, precision: str, patience: int | None) -> dict:
+           resolved_config, record: dict, precision: str, patience: int | None, data_seed: int | None) -> dict:
     torch.manual_seed(seed)
     device = compute_device()
     amp = use_autocast(precision, device)
@@ -170,13 +172,13 @@ def _train(claim, output: Path, build, tokenizer, train_blocks, validation_block
                              f"{model.config.vocab_size}; train a model with its own tokenizer")
     model.train()
     optimizer = adamw(model, lr, weight_decay)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)     # the data order
     loader = DataLoader(TensorDataset(train_blocks), batch_size=batch_size, shuffle=True, generator=generator,
                         drop_last=True, **loader_options(device))
     scheduler = cosine_schedule(optimizer, epochs * len(loader), warmup_ratio)
     digest = hashlib.sha256(train_blocks.numpy().tobytes() + validation_blocks.numpy().tobytes()).hexdigest()
     fingerprint = _fingerprint(record, seed, epochs, batch_size, lr, weight_decay, warmup_ratio, digest,
-                               *(["bf16"] if amp else []))
+                               *(["bf16"] if amp else []), *([] if data_seed is None else [{"data_seed": data_seed}]))
 
     def batch_loss(batch):
         tokens = batch[0].to(device, non_blocking=True)                                # (b, L)
@@ -191,7 +193,8 @@ def _train(claim, output: Path, build, tokenizer, train_blocks, validation_block
     fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
                  "loss", maximize=False, patience=patience)
     epoch_tokens = len(loader) * batch_size * train_blocks.shape[1]
-    report = {"seed": seed, "epochs": epochs, "kind": "causal_lm", "metric": "loss", "schedule": SCHEDULE,
+    report = {"seed": seed, "data_seed": seed if data_seed is None else data_seed,
+              "epochs": epochs, "kind": "causal_lm", "metric": "loss", "schedule": SCHEDULE,
               "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,
               "bf16_autocast": amp, "best_epoch": fitted.best_epoch, "validation_score": fitted.best_score,
               "validation_loss": fitted.best_score, "validation_perplexity": math.exp(fitted.best_score),

@@ -113,7 +113,7 @@ class TextTask(Task):
         return copy_head(model, head_dir)
 
     def train(self, output: str, model_cfg: dict, seed: int, resolved_config: dict | None = None,
-              precision: str = "auto") -> dict:
+              precision: str = "auto", data_seed: int | None = None) -> dict:
         """Fine-tune the model's pretrained encoder (model_cfg.base_model) on this task."""
         if not model_cfg.get("base_model"):
             raise SymfusionError(f"model={model_cfg.get('name')} is not a pretrained encoder; "
@@ -125,7 +125,8 @@ class TextTask(Task):
             epochs=int(train.epochs), batch_size=int(train.batch_size), lr=float(train.lr),
             weight_decay=float(train.weight_decay), warmup_ratio=float(train.warmup_ratio),
             max_length=int(self.cfg.max_length), metric=self.cfg.metric, eval_batch_size=int(self.cfg.eval_batch_size),
-            resolved_config=resolved_config, base_model_record=base.to_dict(), precision=precision)
+            resolved_config=resolved_config, base_model_record=base.to_dict(), precision=precision,
+            data_seed=data_seed)
 
 
 # ---------------------------------------------------------------- the fine-tuner
@@ -165,18 +166,21 @@ def _check_inputs(base_model_dir, splits, metric: str, epochs: int, batch_size: 
 def finetune_text_model(output_dir: str, base_model_dir: str, splits, seed: int, epochs: int, batch_size: int,
                         lr: float, weight_decay: float, warmup_ratio: float, max_length: int, metric: str,
                         eval_batch_size: int = 64, resolved_config: dict | None = None,
-                        base_model_record: dict | None = None, precision: str = "auto") -> dict:
-    """Fine-tune base_model_dir on splits.splits["train"], keep the best epoch on "validation", save atomically."""
+                        base_model_record: dict | None = None, precision: str = "auto",
+                        data_seed: int | None = None) -> dict:
+    """Fine-tune base_model_dir on splits.splits["train"], keep the best epoch on "validation", save atomically;
+    data_seed: the data order's seed (None: `seed`, which always seeds the new head's initialisation)."""
     _check_inputs(base_model_dir, splits, metric, epochs, batch_size)
     with safe_output(output_dir, "symfusion-train", TRAIN_MARKER, inputs=[base_model_dir], is_dir=True) as claim, training_run(output_dir):
         return _finetune(claim, Path(output_dir), base_model_dir, splits, seed, epochs, batch_size, lr, weight_decay,
                          warmup_ratio, max_length, metric, eval_batch_size, resolved_config, base_model_record,
-                         precision)
+                         precision, data_seed)
 
 
 def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epochs: int, batch_size: int, lr: float,
               weight_decay: float, warmup_ratio: float, max_length: int, metric: str, eval_batch_size: int,
-              resolved_config: dict | None, base_model_record: dict | None, precision: str) -> dict:
+              resolved_config: dict | None, base_model_record: dict | None, precision: str,
+              data_seed: int | None) -> dict:
     kind, names = splits.kind, splits.label_names
     tokenizer = load_tokenizer(base_model_dir)
     num_labels = len(names) if names else None
@@ -187,12 +191,13 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     amp = use_autocast(precision, device)
     model = build_text_model(base_model_dir, kind, names).to(device)
     optimizer = adamw(model, lr, weight_decay)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)     # the data order
     loader = text_loader(train_set, batch_size, shuffle=True, generator=generator, **loader_options(device))
     scheduler = linear_schedule(optimizer, epochs * len(loader), warmup_ratio)
     fingerprint = _fingerprint(str(Path(base_model_dir).resolve()), kind, names, seed, epochs, batch_size, lr,
                                weight_decay, warmup_ratio, max_length, metric, splits.splits["train"],
-                               splits.splits["validation"], *(["bf16"] if amp else []))
+                               splits.splits["validation"], *(["bf16"] if amp else []),
+                               *([] if data_seed is None else [{"data_seed": data_seed}]))
 
     maps = token_maps(model)
 
@@ -210,7 +215,8 @@ def _finetune(claim, output: Path, base_model_dir: str, splits, seed: int, epoch
     fitted = fit(output, model, optimizer, scheduler, loader, batch_loss, validate, epochs, fingerprint, generator,
                  metric)
     seconds, epoch_seconds = fitted.seconds, fitted.epoch_seconds
-    report = {"seed": seed, "epochs": epochs, "kind": kind, "metric": metric, "label_names": names,
+    report = {"seed": seed, "data_seed": seed if data_seed is None else data_seed,
+              "epochs": epochs, "kind": kind, "metric": metric, "label_names": names,
               "base_model": str(base_model_dir), "base_model_source": base_model_record,
               "data_source": getattr(splits, "info", None), "schedule": SCHEDULE, "bf16_autocast": amp,
               "best_epoch": fitted.best_epoch,
