@@ -5,6 +5,7 @@ the stage's JSONs in the registry's order, and every mistake is one `error:` lin
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from symfusion.pipeline.report.audit import table_section
 from symfusion.pipeline.report.compare import compare_run
 from symfusion.pipeline.report.registry import experiment
 from symfusion.pipeline.tasks import make_task
+import symfusion.pipeline.data.text.lm as lm
+from symfusion.io.modelio import load_model
+from symfusion.pipeline.stages.kway import run_kway
 from hostile import assert_refused, outcome, snapshot
+from test_causal_lm import TINY_LLAMA, toy_documents, toy_task
 from tiny_models import digits_vit_folders
 
 DIGITS = ("task=digits", "task.limit={train: 64, validation: 32, test: 48}")
@@ -224,6 +229,41 @@ def test_the_writer_has_a_section_per_track_and_says_which_way_was_not_run(folde
     assert figure.files[".png"][:4] == b"\x89PNG" and figure.rows == rows
     with pytest.raises(Exception, match="two results of the end models of lm_toy"):
         artefacts.writer_of(entry).build(paths + [str(decoder[0])], entry)
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """Three tiny Llamas trained (1 epoch) on test_causal_lm's toy grammar, and that task."""
+    patch = pytest.MonkeyPatch()
+    patch.setitem(lm.LM_CORPORA, "toy_fables", (lambda: toy_documents("toy_fables", 120),
+                                                lambda: lm.gensim_test_file("lee.cor")))
+    task = toy_task(["toy_fables"], train={"epochs": 1, "batch_size": 8, "lr": 1.0e-2, "weight_decay": 0.0,
+                                           "warmup_ratio": 0.1})
+    root = tmp_path_factory.mktemp("decoders")
+    for seed in range(3):
+        task.train(str(root / f"d{seed}"), dict(TINY_LLAMA), seed)
+    yield [root / f"d{seed}" for seed in range(3)], task
+    patch.undo()
+
+
+def test_decoders_are_scored_by_next_token_loss_and_read_their_line(decoders, tmp_path):
+    """k = 3 decoders: the end models' line is each one's loss on the test blocks, a way reading it scores bit for bit
+    as one computing it, the centroid's perplexity is exp of its loss, the best end model the lowest loss, and the
+    ensemble of the models beats none of them by more than it should (its loss is at most the mean of theirs)."""
+    folders, task = decoders
+    names = [str(f) for f in folders]
+    ends = run_kway(names, None, task, str(tmp_path / "ends.json"))
+    alone = [task.evaluate(load_model(f).eval(), "test", model_dir=folders[0]) for f in folders]
+    assert ends["metric"] == "perplexity" and ends["line"]["end_losses"] == [a["loss"] for a in alone]
+    assert ends["best"]["loss"] == min(a["loss"] for a in alone)
+    assert ends["ensemble"]["loss"] <= sum(a["loss"] for a in alone) / 3 + 1e-9
+    moved = names[1:] + names[:1]
+    computed = run_kway(names, moved, task, str(tmp_path / "a.json"), grid=2, way="universe/x")
+    read = run_kway(names, moved, task, str(tmp_path / "b.json"), grid=2, way="universe/x",
+                    line=str(tmp_path / "ends.json"))
+    assert read["end_losses"] == computed["end_losses"] == ends["line"]["end_losses"]
+    assert read["points"] == computed["points"] and read["barrier"] == computed["barrier"]
+    assert read["centroid"]["perplexity"] == pytest.approx(math.exp(read["centroid"]["loss"]), rel=1e-12)
 
 
 def test_the_permutation_universe_preset_is_the_benchmarks_configuration():
