@@ -132,10 +132,10 @@ def build(paths: list[str], experiment: Experiment) -> Built:
 
 def plot(rows: list[dict], experiment: Experiment):
     """Per section (a row of panels): left, the centroid's score per way, the best end model and the ensemble as
-    lines (a decoder's perplexity on a log scale); right, the simplex barrier. A way not run: no bar."""
+    lines; right, the simplex barrier. A way not run: no bar, "(not run)" after its label (the table says why)."""
     sections = list(by_task(rows).values())
     heights = [0.5 * sum(r["way"] not in ("best", "ensemble") for r in part) + 1.5 for part in sections]
-    fig, axes = plt.subplots(len(sections), 2, figsize=(12, sum(heights) + 1), squeeze=False,
+    fig, axes = plt.subplots(len(sections), 2, figsize=(13, sum(heights) + 1), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     for (left, right), part in zip(axes, sections):
         ways = [r for r in part if r["way"] not in ("best", "ensemble")]
@@ -144,11 +144,10 @@ def plot(rows: list[dict], experiment: Experiment):
         left.barh(y, [r["centroid"] or 0 for r in ways], color="tab:blue")
         for (way, row), style in zip(lines.items(), ("--", ":")):
             left.axvline(row["centroid"], color="black", linestyle=style, label=row["label"])
-        if metric == "perplexity":
-            left.set_xscale("log")
-        left.set_yticks(list(y), [r["label"] for r in ways])
+        left.set_yticks(list(y), [r["label"].split(" (not run")[0] + (" (not run)" if r["centroid"] is None else "")
+                                  for r in ways], fontsize=8)
         left.invert_yaxis()
-        left.set_xlabel(f"centroid merge: test {metric}" + (" (%)" if metric == "accuracy" else " (log scale)"))
+        left.set_xlabel(f"centroid merge: test {metric}" + (" (%)" if metric == "accuracy" else ""))
         left.legend(loc="lower right", fontsize=8)
         left.set_title(f"k = {ways[0]['k']} end models into one ({ways[0]['task']})", fontsize=10)
         right.barh(y, [r["simplex_barrier"] or 0 for r in ways], color="tab:red")
