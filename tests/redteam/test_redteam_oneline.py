@@ -78,7 +78,9 @@ def refusals(w: Path, o: Path) -> dict[str, list[tuple[list[str], str]]]:
                            ([DIGITS, f"ends=[{w / 'vit_a'},{w / 'vit_b'}]", f"models=[{w / 'vit_a'},{w / 'vit_b'},"
                              f"{w / 'vit_a'}]", f"output={o / 'k.json'}"], "models="),
                            ([DIGITS, f"ends=[{w / 'vit_a'},{w / 'vit_b'}]", "grid=0", f"output={o / 'k.json'}"],
-                            "grid")],
+                            "grid"),
+                           ([DIGITS, f"ends=[{w / 'vit_a'},{w / 'vit_b'}]", f"models=[{w / 'vit_a'},{w / 'vit_b'}]",
+                             f"line={w / 'no_ends.json'}", f"output={o / 'k.json'}"], "no_ends.json")],
         "symfusion-worker": [([], "usage"), ([str(w / "evals")], "exists already"),
                              ([str(w / "shared" / "socket")], "folder")],
     }
