@@ -76,7 +76,7 @@ def merger_curve(GPTMerger, anchor, source, blocks, alphas, batch_size, seed, **
 
 
 # Their learned merger's settings, as their train_merger.py (pinned 8c6f323) sets them: TrainingArguments at lines
-# 152-175 (eval and save every 50 steps, log every 25, keep 2 checkpoints, load the best by validation loss, AdamW
+# 157-177 (eval and save every 50 steps, log every 25, keep 2 checkpoints, load the best by validation loss, AdamW
 # 3e-4, cosine, 5% warm-up, weight decay 0.01, fp16 on CUDA only, so float32 here), argparse defaults at lines 43-68
 # (seed 42, patience 10 evaluations), and the flags of their merge runs (seed3_train_merge_eval_slurm.sh:51-63, and
 # run_merger.sh of 6b207cc: --epochs 10 --batch_size 32 --early_stop --sampler NARROW_UNIFORM, which set_sampler
@@ -123,9 +123,9 @@ def learned_curve(their, anchor, source, data, alphas, args) -> tuple[list, dict
     checkpoint by validation loss), then swept at fixed coefficients. Returns the rows and the training record."""
     import transformers
 
-    transformers.set_seed(THEIR_SEED)                               # train_merger.py:340, before building the merger
+    transformers.set_seed(THEIR_SEED)                               # train_merger.py:344, before building the merger
     models = [copy.deepcopy(anchor), copy.deepcopy(source)]
-    for m in models:                                                # train_merger.py:108-113
+    for m in models:                                                # train_merger.py:110-115
         m.config.attn_implementation = "eager"
         m._attn_implementation = "eager"
     merger = their["GPTMerger"](*models, token_freqs=data.get("token_freqs"), permutations_only=False,
