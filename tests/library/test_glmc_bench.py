@@ -1,6 +1,7 @@
 """benchmarks/bench_glmc.py and its driver (benchmarks/glmc/glmc_driver.py, run in Generalized LMC's environment):
 the driver scores a curve exactly as symfusion's causal_lm task does, and both refuse a mistake with one line."""
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from benchmark_scripts import BENCHMARKS, load_benchmark
 from symfusion.interpolation import alpha_grid, barrier_height, barrier_range, loss_path
+from symfusion.pipeline.report.spread import over_pairs
 from symfusion.pipeline.tasks.lm_models import evaluate_causal_lm
 from tiny_decoders import tiny_decoder
 
@@ -195,3 +197,34 @@ def test_ours_from_an_earlier_run_only_when_its_unmatched_curve_is_this_one(tmp_
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: --ours-from {tmp_path / 'none.json'} "
                                                                          "is no file"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "merger.py"]
+
+
+def test_combine_glmc_tables_pairs_from_several_runs_and_refuses_a_repeated_pair(tmp_path):
+    spec = importlib.util.spec_from_file_location("combine_glmc", BENCHMARKS / "glmc" / "combine_glmc.py")
+    combine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(combine)
+
+    def cell(b):
+        return {"barrier": b + 0.01, "barrier_linear": b}
+    results = {"s1:s0": {"unmatched": cell(1.0), "learned": cell(0.2), "full_symmetry_learned": cell(0.25)},
+               "s2:s0": {"unmatched": cell(0.8), "learned": cell(0.3), "full_symmetry_learned": cell(0.2)},
+               "s2:s1": {"unmatched": cell(0.9), "learned": cell(0.1), "full_symmetry_learned": cell(0.15)}}
+    lines = combine.tables(results, combine.CURVES)
+    mean = over_pairs({"a": 0.2, "b": 0.3, "c": 0.1})
+    share = over_pairs({"a": 20.0, "b": 37.5, "c": 100 * 0.1 / 0.9})
+    assert (f"| learned | 0.200 | 0.300 | 0.100 | {mean['mean']:.3f} [{mean['low']:.3f}, {mean['high']:.3f}] | "
+            f"{share['mean']:.1f} [{share['low']:.1f}, {share['high']:.1f}]% |") in lines
+    d = over_pairs({"a": 0.05, "b": -0.1, "c": 0.05})
+    assert (f"full_symmetry_learned - learned (barrier_linear): +0.050 / -0.100 / +0.050; mean {d['mean']:+.3f} "
+            f"[{d['low']:+.3f}, {d['high']:+.3f}]") in lines
+    assert not any(line.startswith("| weight_matching") or line.startswith("learned - weight") for line in lines)
+    runs = []
+    for i, pair in enumerate(results):
+        runs.append(tmp_path / f"r{i}.json")
+        runs[-1].write_text(json.dumps({"results": {pair: results[pair]}}))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "glmc" / "combine_glmc.py"), *map(str, runs)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.splitlines() == lines        # the three files' pairs, merged
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "glmc" / "combine_glmc.py"), str(runs[0]), str(runs[0])],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: {runs[0]} repeats pair(s) s1:s0"]
