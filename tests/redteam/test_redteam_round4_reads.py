@@ -24,6 +24,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,6 +36,7 @@ from symfusion.pipeline import cli
 from symfusion.pipeline.basemodels import resolve_base
 from symfusion.pipeline.report import artefacts, audit, compare, results
 from symfusion.pipeline.report.registry import experiment
+from symfusion.pipeline.stages.kway import read_line
 from symfusion.pipeline.stages.statistics import _open_statistics
 from symfusion.pipeline.tasks.text import finetune_text_model
 from hostile import ACCEPTED, MUTATIONS, applicable, assert_refused, leftovers, outcome, snapshot
@@ -66,6 +68,8 @@ READERS = {
     "symfusion.pipeline.basemodels:safetensors_weights": (_MODEL, "test_every_hostile_folder_is_refused_as_a_base"),
     "symfusion.pipeline.stages.statistics:_open_statistics": ("a statistics file given to a merge",
                                                               "test_results_readers_never_wait_on_special_files"),
+    "symfusion.pipeline.stages.kway:read_line": ("the end models' line given to symfusion-kway (line=)",
+                                                 "test_results_readers_never_wait_on_special_files"),
     **{f"symfusion.io.marks:{f}": (_OWN, "test_every_writer_has_a_case") for f in
        ("open_lock", "read_own", "unmarked_leftover")},
     **{f"symfusion.io.outputs:{f}": (_OWN, "test_results_readers_never_wait_on_special_files") for f in
@@ -424,6 +428,8 @@ RESULT_READERS = {
                                            True),
     "symfusion.pipeline.stages.statistics:_open_statistics": (
         "stats.safetensors", lambda d: _open_statistics(d / "stats.safetensors"), None),
+    "symfusion.pipeline.stages.kway:read_line": (
+        "ends.json", lambda d: read_line(str(d / "ends.json"), [], SimpleNamespace(name="digits"), None), "refused"),
 }
 
 
