@@ -14,7 +14,7 @@ rule barrier:
         profile=PROFILE,
         task=lambda w: task_of(w.track, w.group, w.anchor),
         points=lambda w: TRACKS[w.track].barrier["points"],
-        examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
+        examples=barrier_examples,
         anchor=quoted_input("anchor"),
         source=quoted_input("source"),
         output=quoted_output,

@@ -74,7 +74,7 @@ rule kway_score:
         line=quoted_input("line"),
         models=kway_models,
         task=lambda w: task_of(w.track, w.group, TRACKS[w.track].models[0]),
-        examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
+        examples=barrier_examples,
         name=lambda w: hydra_quote(f"{w.way}/{w.matching}"),
         output=quoted_output,
         profile=PROFILE,
@@ -102,7 +102,7 @@ rule kway_ends:
     params:
         ends=quoted_input(),
         task=lambda w: task_of(w.track, w.group, TRACKS[w.track].models[0]),
-        examples=lambda w: TRACKS[w.track].barrier["examples"] or "null",
+        examples=barrier_examples,
         output=quoted_output,
         profile=PROFILE,
     log:

@@ -96,6 +96,11 @@ def end_model_threads(wildcards):
     return TRACKS[wildcards.track].threads
 
 
+def barrier_examples(wildcards):
+    """The track's examples per point of a loss path (null: all), as the barrier and k-way stages take them."""
+    return TRACKS[wildcards.track].barrier["examples"] or "null"
+
+
 def end_model_eval_tasks(wildcards):
     """The tasks an end model is scored on: its own (a NER model: the out-of-domain set too; a fine-tuned decoder:
     every domain)."""
