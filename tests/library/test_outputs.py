@@ -238,6 +238,29 @@ def test_a_claim_that_writes_nothing_removes_only_the_folders_it_made(tmp_path):
     assert (tmp_path / "new" / "out.json").read_text() == "{}"
 
 
+def test_a_folder_another_process_made_meanwhile_is_never_removed(tmp_path, monkeypatch):
+    """Between seeing that a parent folder is missing and making it, another process made it: it is not this
+    claim's to remove. Two claims in one new folder: the one that made it removes it only once it is empty."""
+    recognise = lambda path: False  # noqa: E731
+    made_meanwhile = tmp_path / "theirs"
+    missing = outputs.os.path.lexists
+    monkeypatch.setattr(outputs.os.path, "lexists", lambda p: False if Path(p) == made_meanwhile else missing(p))
+    made_meanwhile.mkdir()                                    # as if made after this process looked
+    claim = claim_output(made_meanwhile / "mine" / "out.json", "stage", recognise)
+    assert claim.created == [made_meanwhile / "mine"]
+    claim.release()
+    assert made_meanwhile.is_dir() and not (made_meanwhile / "mine").exists()
+    monkeypatch.undo()
+
+    first = claim_output(tmp_path / "new" / "a.json", "stage", recognise)
+    second = claim_output(tmp_path / "new" / "b.json", "stage", recognise)
+    assert first.created == [tmp_path / "new"] and second.created == []
+    second.release()                                          # not its folder: kept for the first
+    assert (tmp_path / "new").is_dir()
+    first.release()
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.fixture
 def default_sigint():
     """Python's default SIGINT handler (KeyboardInterrupt), as in a command's process; the previous one after."""

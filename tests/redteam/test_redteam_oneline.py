@@ -124,8 +124,11 @@ def run(script: str, args: list[str], env: dict | None = None) -> subprocess.Com
 @pytest.mark.slow
 def test_every_refusal_of_every_script_is_one_line(world, tmp_path, tmp_path_factory):
     statistics_of_another_model(world)
-    cases = [(script, args, word) for script, found in refusals(world, tmp_path / "out").items()
-             for args, word in found]
+    # Each case its own new output folder: refusals run two at a time, and two commands that both make the same new
+    # folder cannot both remove it (each removes only what it made itself, and not while the other's lock is in it).
+    def cases_with(o: Path) -> list[tuple[str, list[str], str]]:
+        return [(script, args, word) for script, found in refusals(world, o).items() for args, word in found]
+    cases = [cases_with(tmp_path / f"out{k}")[k] for k in range(len(cases_with(tmp_path)))]
     before = snapshot(world), snapshot(tmp_path)
     # A script's first refusal as the user runs it, a new interpreter (its imports, its start); the others forked
     # from one process that imported every stage: a refused command line imports its stage first (2-7 CPU s each).

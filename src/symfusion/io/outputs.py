@@ -289,10 +289,17 @@ def claim_output(output, stage: str, recognise: Callable[[Path], bool], inputs: 
     `recognise(path)` says whether an existing path is a previous output of this stage.
     """
     path = check_output_path(output, inputs, what)
-    created = [p for p in reversed(path.parents) if not os.path.lexists(p)]   # made below, outermost first
+    created = []                    # the folders this process made, outermost first: another's are never its own
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in [p for p in reversed(path.parents) if not os.path.lexists(p)]:
+            try:
+                folder.mkdir()
+                created.append(folder)
+            except FileExistsError:                   # made meanwhile by another process: not ours to remove
+                if not folder.is_dir():
+                    raise
     except OSError as error:
+        Claim(path=path, is_dir=is_dir, created=created).release()
         raise SymfusionError(f"{what}={output}: cannot create {path.parent} ({error.strerror}); "
                              "choose a writable location") from error
     claim = Claim(path=path, is_dir=is_dir, created=created)
