@@ -101,6 +101,27 @@ def test_the_snakefile_builds_exactly_the_registry_entries(profile):
     assert any("/barrier/" in j["output"][0] for j in decoder_jobs)                     # every profile has decoders
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p.startswith("decoders")])
+def test_a_decoders_profile_runs_the_decoder_track_alone(profile):
+    """conf/profile/decoders*.yaml (docs/decoders.md "The decoders profiles") keep the mini's vision and language
+    sections, which the schema requires, with every entry of theirs in experiments_off: the dry run holds the decoder
+    task's data, the decoder track's jobs (one training per seed) and the decoder entries' table, figure and report,
+    no job of the vision or language tracks."""
+    settings = yaml.safe_load((ROOT / "conf" / "profile" / f"{profile}.yaml").read_text())
+    run = snakemake(ROOT, "-n", "--config", f"profile={profile}", "results_dir=/nonexistent/results",
+                    "figures_dir=/nonexistent/figures")
+    assert run.returncode == 0, run.stdout[-2000:]
+    jobs = dry_run_jobs(run.stdout)
+    task, results = settings["decoder"]["task"], f"/nonexistent/results/{profile}"
+    assert [j["output"] for j in jobs["data"]] == [[f"{results}/data/{task}.json"]]
+    track_jobs = [j["output"][0] for rule, found in jobs.items() if rule not in {"data", "table", "figure", "report", "all"}
+                  for j in found]
+    assert track_jobs and [o for o in track_jobs if not o.startswith(f"{results}/decoder/{task}/")] == []
+    assert {experiment(Path(j["output"][0]).stem).track for rule in ("table", "figure") for j in jobs[rule]} == {"decoder"}
+    assert len(jobs["train"]) == len(settings["decoder"]["seeds"])
+
 @pytest.mark.slow
 def test_an_on_demand_entry_is_built_by_its_own_target_only():
     """mini's SmolLM2 table: not among the default target's inputs (above), but its target builds it with the
