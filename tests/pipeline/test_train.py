@@ -95,9 +95,12 @@ def test_bad_model_configs_are_refused(tmp_path):
 
 
 def test_a_resumed_run_with_the_gpus_loader_workers_reaches_the_same_weights(tmp_path, monkeypatch):
-    """The DataLoader options a GPU gets (worker processes), on the CPU: resuming must not shuffle otherwise."""
+    """The DataLoader options a GPU gets in the text trainers (worker processes), on the CPU, in the image trainer in
+    place of its single-process batches: resuming must not shuffle otherwise."""
     gpu_options = {k: v for k, v in loader_options(torch.device("cuda")).items() if k != "pin_memory"}
-    monkeypatch.setattr(train_module, "loader_options", lambda device: gpu_options)
+    assert gpu_options["num_workers"] >= 1
+    monkeypatch.setattr(train_module, "shuffled_batches", lambda data, size, generator, device: torch.utils.data.DataLoader(
+        data, batch_size=size, shuffle=True, generator=generator, drop_last=True, **gpu_options))
     test_interrupted_run_resumes_from_its_checkpoint_to_identical_weights(tmp_path, monkeypatch)
 
 
@@ -153,3 +156,22 @@ def test_evaluations_score_in_float32_unless_bf16_is_asked_for():
     with pytest.raises(SymfusionError, match="precision='half'"):
         with evaluation_precision("half", torch.device("cpu")):
             pass
+
+
+def test_training_batches_are_dataloaders_batches_taken_by_one_gather():
+    """shuffled_batches gives, over several epochs, the very batches (and the very draws of the shared generator,
+    augmentation included) that DataLoader(shuffle=True, drop_last=True) stacks image by image."""
+    data = ImageDataset(torch.randn(300, 3, 8, 8), torch.randint(0, 10, (300,)))
+
+    def epochs(gathered: bool):
+        generator = torch.Generator().manual_seed(3)
+        loader = (train_module.shuffled_batches(data, 64, generator, torch.device("cpu")) if gathered else
+                  torch.utils.data.DataLoader(data, batch_size=64, shuffle=True, generator=generator, drop_last=True))
+        seen = [(train_module.augment(batch["pixel_values"], generator), batch["labels"])
+                for _ in range(3) for batch in loader]
+        return seen, len(loader), generator.get_state()
+
+    (stacked, stacked_steps, stacked_state), (gathered, gathered_steps, gathered_state) = epochs(False), epochs(True)
+    assert stacked_steps == gathered_steps == 4 and len(gathered) == 12
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(stacked, gathered))
+    assert torch.equal(stacked_state, gathered_state)
