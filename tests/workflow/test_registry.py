@@ -192,6 +192,25 @@ def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():
     assert here and [str(path) for path in here if not path.is_file()] == []
 
 
+
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p.startswith("decoders") and (ROOT / "reference" / p).is_dir()])
+def test_a_decoders_reference_holds_every_artefact_of_its_profile(profile):
+    """reference/decoders* (docs/decoders.md "The decoders profiles") is what `symfusion-compare results/<profile>`
+    reads: every artefact the profile's default target builds, with all its files, its provenance, and report.md's
+    links resolved in it as in reference/mini."""
+    reference = ROOT / "reference" / profile
+    targets = expected_targets(profile, "R", "F")
+    assert {Path(t).stem for t in targets} == {"table_decoder", "figD_decoder_barrier"}
+    missing = []
+    for target in targets:
+        entry = experiment(Path(target).stem)
+        folder = reference if entry.kind == "table" else reference / "figures"
+        missing += [str(path) for path in entry.files(folder / entry.name) if not path.is_file()]
+    assert missing == [] and (reference / "provenance.json").is_file()
+    links = re.findall(r"\]\((?!https?:)([^)#]+)\)", (reference / "report.md").read_text())
+    here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
+    assert here and [str(path) for path in here if not path.is_file()] == []
+
 def test_the_reference_across_vendors_has_the_references_files_and_columns():
     """reference/mini_vendors (a mini run with portable=vendors, docs/reproduce.md#determinism) is what a run on the
     other vendor's CPU is compared with: the default target's tables and figure data of reference/mini, with the same
