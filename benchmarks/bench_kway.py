@@ -180,7 +180,8 @@ def summary(paths: list[Path]) -> None:
         print(f"| {name} | mean [95% t] | {interval([r[key]['accuracy'] for r in runs], 100)} | "
               f"{interval([r[key]['loss'] for r in runs], digits=4)} | | |")
     print()
-    for better, worse in (("universe", "anchor"), ("learned", "anchor_learned"), ("learned", "universe")):
+    for better, worse in (("universe", "anchor"), ("universe_anchor", "anchor"), ("universe_anchor", "universe"),
+                          ("learned", "anchor_learned"), ("learned", "universe")):
         if better in ways and worse in ways:
             barrier = [r["rows"][better]["barrier"] - r["rows"][worse]["barrier"] for r in runs]
             accuracy = [r["rows"][better]["centroid"]["accuracy"] - r["rows"][worse]["centroid"]["accuracy"]
@@ -188,11 +189,12 @@ def summary(paths: list[Path]) -> None:
             print(f"paired {better} - {worse}: barrier {interval(barrier, digits=4)} (per group "
                   f"{', '.join(f'{b:+.4f}' for b in barrier)}); centroid accuracy {interval(accuracy, 100)} points "
                   f"(per group {', '.join(f'{100 * a:+.2f}' for a in accuracy)})")
-    ratio = [r["rows"]["universe"]["seconds"] / (len(r["pairwise_cpu"]) + 1) / (sum(r["pairwise_cpu"]) /
-             len(r["pairwise_cpu"])) for r in runs if r.get("pairwise_cpu")]
-    if len(ratio) == len(runs):
-        print(f"the data-free universe's solve / k pairwise full_symmetry solves (CPU s, same run): {interval(ratio)} "
-              f"(per group {', '.join(f'{x:.2f}' for x in ratio)})")
+    for way, start in (("universe", "incremental"), ("universe_anchor", "anchor")):
+        ratio = [r["rows"][way]["seconds"] / (len(r["pairwise_cpu"]) + 1) / (sum(r["pairwise_cpu"]) /
+                 len(r["pairwise_cpu"])) for r in runs if r.get("pairwise_cpu") and way in r["rows"]]
+        if len(ratio) == len(runs):
+            print(f"the data-free universe's solve ({start} start) / k pairwise full_symmetry solves (CPU s, same "
+                  f"run): {interval(ratio)} (per group {', '.join(f'{x:.2f}' for x in ratio)})")
     for way in ("anchor_learned", "learned"):
         seconds = [r.get("cpu_all_in", {}).get(way) for r in runs]
         if all(x is not None for x in seconds):
@@ -250,9 +252,10 @@ def main() -> None:
         anchor.append(apply_transform(states[i], layout, result.transform))
         pairwise_folded.append(result.residual["folded_distance"])
     ways, cpu_of = {"naive": (states, None), "anchor": (anchor, None)}, {}
-    for name, config in (("perm", PERMUTATIONS), ("universe", "full_symmetry")):
+    for name, config, start in (("perm", PERMUTATIONS, "incremental"), ("universe", "full_symmetry", "incremental"),
+                                ("universe_anchor", "full_symmetry", "anchor")):
         cpu = time.process_time()
-        aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds)
+        aligned, report = symfusion.align_many(models, matching=config, max_rounds=args.max_rounds, start=start)
         cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
     if args.untie:
@@ -277,7 +280,12 @@ def main() -> None:
           f"{per_round}; stop: {universe['stop']}; with the "
           f"functional checks {cpu_of['universe']:.1f} CPU s); the permutation universe {cpu_of['perm']:.1f} CPU s",
           flush=True)
-    for name in ("universe", "perm"):
+    anchored = ways["universe_anchor"][1]
+    anchored_rounds = ", ".join(f"{r['cpu_seconds']:.1f}" for r in anchored["rounds"])
+    print(f"universe_anchor (each model onto model 0 first, then the rounds): {anchored['cpu_seconds']:.1f} CPU s = "
+          f"{anchored['cpu_seconds'] / (k * one):.2f}x k pairwise (start {anchored['start_cpu_seconds']:.1f}, then "
+          f"{len(anchored['rounds'])} rounds: {anchored_rounds}; stop: {anchored['stop']})", flush=True)
+    for name in ("universe", "universe_anchor", "perm"):
         print(f"{name}: J ({ways[name][1]['gauge']}) after the start and each round: "
               f"{', '.join(f'{j:.3f}' for j in ways[name][1]['objective'])}; stop: {ways[name][1]['stop']}", flush=True)
     if args.timing_only:

@@ -45,7 +45,7 @@ from symfusion.io.provenance import provenance
 from symfusion.io.untie import is_tied, untie_all
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
-from symfusion.matching.universe import MAX_ROUNDS, align_states, floating_keys
+from symfusion.matching.universe import MAX_ROUNDS, STARTS, align_states, floating_keys
 from symfusion.matching.universe_learned import refine_universe
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
@@ -59,7 +59,8 @@ WRITER = "symfusion-align-many / align_many()"
 
 def align_many(models, matching: MatchConfig | str = "full_symmetry", output=None,
                max_relative_output_change: float = 1e-3, max_rounds: int = MAX_ROUNDS,
-               progress: bool | None = None, data: list[dict] | None = None, record: dict | None = None):
+               progress: bool | None = None, data: list[dict] | None = None, record: dict | None = None,
+               start: str = "incremental"):
     """Move k >= 2 models of one family and shapes into one shared basis; returns (aligned, report).
 
     models: nn.Modules (aligned: k new modules) or model folders (output=DIR is required; aligned: the k folders
@@ -69,24 +70,30 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py).
     A preset with matching.untie=true (full_symmetry_untie, full_symmetry_untie_learned) aligns each tied decoder as
     its untied copy (io/untie.py: the same class, lm_head its own copy), so the residual map may be any orthogonal map.
-    max_rounds: rounds of the alternation after the start (each k pairwise solves). progress: a bar with the time
+    max_rounds: rounds of the alternation after the start (each k pairwise solves). start: where the alternation
+    begins: incremental (model i onto the mean of the copies placed before it) or anchor (model i onto model 0, the
+    k - 1 pairwise solves of anchor matching). progress: a bar with the time
     left on stderr per model of the start and per round (None: on when stderr is a terminal, or as SYMFUSION_PROGRESS
     says; it never changes the result). record: more fields for the report (a command's provenance, where its data
     came from), written into many.json too."""
     config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress, data,
                               record)
+    if start not in STARTS:
+        raise SymfusionError(f"align_many(): start must be one of {', '.join(STARTS)}, got {start!r}")
     name = matching if isinstance(matching, str) else None
     with library_call(progress):
         if isinstance(models[0], torch.nn.Module):
             if config.untie:                                    # each tied one aligned as its untied copy
                 models = untie_all(list(models), [f"model {i}" for i in range(len(models))])
-            aligned, report = _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data)
+            aligned, report = _align_modules(list(models), config, name, max_relative_output_change, max_rounds, data,
+                                             start)
             return aligned, {**report, **(record or {})}
         return _align_folders([Path(m) for m in models], Path(output), config, name, max_relative_output_change,
-                              max_rounds, data, record)
+                              max_rounds, data, record, start)
 
 
-def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int, data=None):
+def _align_modules(models: list, config: MatchConfig, name, tolerance: float, max_rounds: int, data=None,
+                   start: str = "incremental"):
     """align_many() of nn.Modules, its arguments checked: (the aligned modules, the report)."""
     for i, model in enumerate(models[1:], 1):
         check_compatible(models[0].config, model.config, "model 0", f"model {i}")
@@ -104,8 +111,9 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
     keys = floating_keys(states[0], skip=ties)
     modes = [(m, m.training) for model in models for m in model.modules()]
     try:
-        start = dataclasses.replace(config, refine="none")                   # the data-free universe first
-        universe = align_states(states, layout, start, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds)
+        free = dataclasses.replace(config, refine="none")                    # the data-free universe first
+        universe = align_states(states, layout, free, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds,
+                                start=start)
         transforms, aligned_states, refine = universe.transforms, universe.aligned, None
         if config.refine == "loss":
             transforms, refine = refine_universe(states, layout, config, transforms, copy.deepcopy(models[0]),
@@ -122,7 +130,8 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
     return aligned, {
         "matching": name, "matching_config": config.as_report(),
         "family": layout.family, "models": len(models), "gauge": universe.gauge, "objective": universe.objective,
-        "rounds": universe.rounds, "converged": universe.converged, "stop": universe.stop, "max_rounds": max_rounds,
+        "start": start, "rounds": universe.rounds, "converged": universe.converged, "stop": universe.stop,
+        "max_rounds": max_rounds,
         "pairwise_distance_before": universe.distances_before, "pairwise_distance_after": universe.distances_after,
         "checks": checks, "seconds": universe.seconds, "start_cpu_seconds": universe.start_cpu_seconds,
         "cpu_seconds": universe.cpu_seconds, "refine": refine,
@@ -130,10 +139,10 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
 
 
 def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, tolerance: float, max_rounds: int,
-                   data=None, record=None):
+                   data=None, record=None, start: str = "incremental"):
     """align_many() of model folders, its arguments checked: each read as align() reads a model, then written as
     output/model_i (the source's layout and dtypes, checked as written) beside many.json; (the k folders, report)."""
-    start = time.perf_counter()
+    began = time.perf_counter()
     for i, path in enumerate(paths):
         if not path.is_dir():
             raise SymfusionError(f"models[{i}]={path}: no such directory")
@@ -149,7 +158,7 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
         models = untie_all(models, [str(p) for p in paths])
     # a new folder, or a previous output of align_many; never an input
     with safe_output(output, WRITER, MANY_FOLDER, inputs=paths, is_dir=True) as claim:
-        aligned, report = _align_modules(models, config, name, tolerance, max_rounds, data)
+        aligned, report = _align_modules(models, config, name, tolerance, max_rounds, data, start)
         with claim.writing() as tmp:
             for i, (path, model, moved) in enumerate(zip(paths, models, aligned)):
                 report["checks"][i]["as_written"] = _write_like(path, model, moved.state_dict(), tmp / f"model_{i}",
@@ -157,7 +166,7 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
                 report["transforms"][i].save(tmp / f"model_{i}" / "transform.safetensors")
             folders = [output / f"model_{i}" for i in range(len(paths))]
             written = {**{k: v for k, v in report.items() if k != "transforms"}, "sources": [str(p) for p in paths],
-                       "outputs": [str(f) for f in folders], "seconds_total": time.perf_counter() - start,
+                       "outputs": [str(f) for f in folders], "seconds_total": time.perf_counter() - began,
                        "provenance": provenance(None), **(record or {})}
             write_json(written, tmp / "many.json")
     return folders, {**written, "transforms": report["transforms"]}

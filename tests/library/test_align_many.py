@@ -107,6 +107,27 @@ def test_the_alternation_is_deterministic_and_keeps_only_closer_elements():
     assert one.stop in ("fixed point", "settled", "cap") and one.converged == (one.stop != "cap")
 
 
+def test_the_anchor_start_is_anchor_matching_and_the_rounds_only_lower_the_spread():
+    """start=anchor: before any round each model is the pairwise solve onto model 0 (anchor matching, bit for bit);
+    at k = 2 the two starts are one; the rounds from it never raise J."""
+    models = [build("dec", "gpt2", {}, dtype=torch.float32, seed=s) for s in (4, 5, 6)]
+    states = [m.state_dict() for m in models]
+    layout = layout_of(models[0].config, states[0])
+    config = matching_config("full_symmetry")
+    anchored = align_states(states, layout, config, max_rounds=0, start="anchor")
+    folded_keys = [k for k in anchored.aligned[0] if k not in tied_names(models[0])]
+    for i in (1, 2):
+        pairwise = match_models(states[i], states[0], layout, config, tied=is_tied(models[0]))
+        assert torch.equal(pairwise.transform.residual.r, anchored.transforms[i].residual.r)
+    two = [align_states(states[:2], layout, config, max_rounds=1, start=start) for start in ("incremental", "anchor")]
+    assert two[0].objective == two[1].objective
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(two[0].aligned, two[1].aligned) for k in folded_keys)
+    rounds = align_states(states, layout, config, max_rounds=2, start="anchor")
+    assert rounds.objective[0] == anchored.objective[0] and rounds.objective == sorted(rounds.objective, reverse=True)
+    with pytest.raises(SymfusionError, match="start must be one of"):
+        align_states(states, layout, config, start="mean")
+
+
 def test_a_permutation_only_universe_keeps_the_function():
     """The MergeMany-like baseline: the same alternation over permutations only (heads, neurons, the stream)."""
     models = [build("enc", "vit", {}, dtype=torch.float32, seed=s) for s in (1, 2)]
@@ -128,6 +149,7 @@ def test_a_permutation_only_universe_keeps_the_function():
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"matching": "no_such"}, "no_such"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"output": "/tmp/x"}, "output= is for model folders"),
     (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"max_rounds": -1}, "max_rounds"),
+    (lambda: [build("enc", "vit", {}, seed=s) for s in (1, 2)], {"start": "mean"}, "start must be one of"),
 ])
 def test_bad_arguments_are_one_line(models, kwargs, message):
     with pytest.raises(SymfusionError) as error:

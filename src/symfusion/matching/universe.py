@@ -48,6 +48,7 @@ from symfusion.symmetry import ResidualMap, Transform, apply_blocks, apply_trans
 MAX_ROUNDS = 10       # rounds of k pairwise solves after the start
 TOL = 1e-9            # a new g_i is kept when |X_i' - m_{-i}|^2 < |X_i - m_{-i}|^2 - TOL mean_i |theta_i|^2
 REL_TOL = 1e-3        # a round lowering J by less than this fraction of J ends the alternation (settled)
+STARTS = ("incremental", "anchor")   # where model i starts: onto the mean of 0..i-1, or onto model 0
 
 
 @dataclass
@@ -153,10 +154,13 @@ def stored_space(states, layout: ModelLayout, config: MatchConfig, keys, tied: b
 @torch.no_grad()
 def align_states(states: Sequence[Mapping[str, torch.Tensor]], layout: ModelLayout, config: MatchConfig,
                  keys: Sequence[str] | None = None, tied: bool | None = None,
-                 max_rounds: int = MAX_ROUNDS) -> Universe:
+                 max_rounds: int = MAX_ROUNDS, start: str = "incremental") -> Universe:
     """Move k >= 2 state dicts of one layout into one basis (see the module's docstring); `keys`: the tensors a
     block-only matching's distances count (tied copies once); `tied`: whether an lm_head is tied to the embeddings
-    (match_models)."""
+    (match_models); `start`: incremental (model i onto the mean of the copies placed before it) or anchor (model i
+    onto model 0: the pairwise solves of anchor matching)."""
+    if start not in STARTS:
+        raise SymfusionError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
     if len(states) < 2:
         raise SymfusionError(f"aligning many models needs k >= 2 of them, got {len(states)}")
     if config.needs_data or config.runs_models:
@@ -167,8 +171,8 @@ def align_states(states: Sequence[Mapping[str, torch.Tensor]], layout: ModelLayo
         stored_space(states, layout, config, keys if keys is not None else floating_keys(states[0]), tied)
     keys, k = space.keys, len(states)
     elements, moved = [space.identity], [space.placed(0, space.identity)]
-    for i in steps(range(1, k), "start: onto the models placed", "model"):        # incremental start
-        _, target = mean_state(moved, keys, space.states[i])
+    for i in steps(range(1, k), "start: onto the models placed", "model"):
+        _, target = mean_state(moved if start == "incremental" else moved[:1], keys, space.states[i])
         elements.append(space.solve(i, target, None))
         moved.append(space.placed(i, elements[-1]))
     start_cpu = time.process_time() - cpu
