@@ -38,6 +38,17 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def one_thread_again():
+    """Every test starts on one torch thread, whatever an earlier test in this worker set (a stage run in-process with
+    threads=N, a warm worker's child state): a test that forks this process (test_redteam_faults, test_redteam_claims)
+    would otherwise fork a parent whose OpenMP team has threads the child lacks, and the child's first parallel GEMM
+    waits for them forever (it hung CI of 6c0a60e once the files' order put such a test after one)."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     """`extra` on every test of a folder whose code needs the pipeline's packages; the files heaviest first."""
     for item in items:

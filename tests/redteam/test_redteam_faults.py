@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 import symfusion
 from symfusion.alignment import sharded
@@ -149,6 +150,7 @@ def run_hooked(call, owner, name: str, how: str) -> int:
     pid = os.fork()
     if pid == 0:                                              # the child: patch, run, never return
         try:
+            torch.set_num_threads(1)          # no OpenMP team of the parent's: its threads are not in this child
             original = getattr(owner, name)
 
             def hooked(*args, **kwargs):
