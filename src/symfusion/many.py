@@ -77,9 +77,7 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     says; it never changes the result). record: more fields for the report (a command's provenance, where its data
     came from), written into many.json too."""
     config = _check_arguments(models, matching, output, max_relative_output_change, max_rounds, progress, data,
-                              record)
-    if start not in STARTS:
-        raise SymfusionError(f"align_many(): start must be one of {', '.join(STARTS)}, got {start!r}")
+                              record, start)
     name = matching if isinstance(matching, str) else None
     with library_call(progress):
         if isinstance(models[0], torch.nn.Module):
@@ -191,7 +189,8 @@ def _write_like(source: Path, model: torch.nn.Module, moved: dict, target: Path,
     return {"relative_output_change": change, "tolerance": limit}
 
 
-def _check_arguments(models, matching, output, tolerance, max_rounds, progress, data, record) -> MatchConfig:
+def _check_arguments(models, matching, output, tolerance, max_rounds, progress, data, record,
+                     start) -> MatchConfig:
     """align_many()'s arguments, each of its type (one SymfusionError line naming the first that is not)."""
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
         raise SymfusionError(f"align_many(): models must be a list of nn.Modules or of model folders, got "
@@ -218,6 +217,8 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress, 
         raise SymfusionError(f"align_many(): max_relative_output_change must be a finite number > 0, got {tolerance!r}")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 0:
         raise SymfusionError(f"align_many(): max_rounds must be an integer >= 0, got {max_rounds!r}")
+    if start not in STARTS:
+        raise SymfusionError(f"align_many(): start must be one of {', '.join(STARTS)}, got {start!r}")
     if progress is not None and not isinstance(progress, bool):
         raise SymfusionError(f"align_many(): progress must be True, False or None, got {progress!r}")
     if data is not None and (not isinstance(data, (list, tuple)) or not all(isinstance(b, Mapping) for b in data)):

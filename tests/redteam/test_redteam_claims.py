@@ -69,7 +69,6 @@ def bounded(call) -> tuple:
     pid = os.fork()
     if pid == 0:                                        # the child: bounded, reports its outcome, never returns
         try:
-            torch.set_num_threads(1)          # no OpenMP team of the parent's: its threads are not in this child
             os.close(read)
             size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
             resource.setrlimit(resource.RLIMIT_AS, (size + MEMORY, size + MEMORY))

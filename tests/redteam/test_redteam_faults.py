@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
 
 import symfusion
 from symfusion.alignment import sharded
@@ -150,7 +149,6 @@ def run_hooked(call, owner, name: str, how: str) -> int:
     pid = os.fork()
     if pid == 0:                                              # the child: patch, run, never return
         try:
-            torch.set_num_threads(1)          # no OpenMP team of the parent's: its threads are not in this child
             original = getattr(owner, name)
 
             def hooked(*args, **kwargs):

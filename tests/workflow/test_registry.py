@@ -101,7 +101,6 @@ def test_the_snakefile_builds_exactly_the_registry_entries(profile):
     assert any("/barrier/" in j["output"][0] for j in decoder_jobs)                     # every profile has decoders
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p.startswith("decoders")])
 def test_a_decoders_profile_runs_the_decoder_track_alone(profile):
@@ -121,6 +120,7 @@ def test_a_decoders_profile_runs_the_decoder_track_alone(profile):
     assert track_jobs and [o for o in track_jobs if not o.startswith(f"{results}/decoder/{task}/")] == []
     assert {experiment(Path(j["output"][0]).stem).track for rule in ("table", "figure") for j in jobs[rule]} == {"decoder"}
     assert len(jobs["train"]) == len(settings["decoder"]["seeds"])
+
 
 @pytest.mark.slow
 def test_an_on_demand_entry_is_built_by_its_own_target_only():
@@ -170,27 +170,33 @@ def test_the_kway_entry_is_built_by_its_own_target_only():
         assert all(mine["kway_ends"][0]["output"][0] in j["input"] for j in mine["kway_score"])
 
 
+def missing_from_reference(reference: Path, targets: list[str]) -> list[str]:
+    """What a committed reference lacks: of `targets`, each artefact's files (an on-demand one: all or none, as
+    symfusion-compare checks it only when both runs have it), its provenance.json, and the files its report.md links
+    (report.md sits in results/<profile> and links figures/<profile>/<name> as ../../figures/<profile>/<name>)."""
+    missing = []
+    for target in targets:
+        entry = experiment(Path(target).stem)
+        folder = reference if entry.kind == "table" else reference / "figures"
+        lacking = [str(path) for path in entry.files(folder / entry.name) if not path.is_file()]
+        if not entry.on_demand or len(lacking) < len(entry.files(folder / entry.name)):
+            missing += lacking
+    if not (reference / "provenance.json").is_file():
+        missing.append(str(reference / "provenance.json"))
+    links = re.findall(r"\]\((?!https?:)([^)#]+)\)", (reference / "report.md").read_text())
+    here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
+    return missing + [str(path) for path in here if not path.is_file()] + ([] if here else ["report.md links nothing"])
+
+
 def test_the_committed_reference_holds_every_artefact_of_the_mini_profile():
     """reference/mini is what `symfusion-compare results/mini` reads: every artefact the mini profile's default target
     builds is there with all its files, an on-demand one with all its files or none (symfusion-compare checks it only
     when both runs have it), and report.md links only files that are. (Figure D's files were once missing, so a fresh
     run's compare failed on them.)"""
     reference = ROOT / "reference" / "mini"
-    missing = []
-    for target in expected_targets("mini", "R", "F") + expected_targets("mini", "R", "F", on_demand=True):
-        entry = experiment(Path(target).stem)
-        folder = reference if entry.kind == "table" else reference / "figures"
-        lacking = [str(path) for path in entry.files(folder / entry.name) if not path.is_file()]
-        if not entry.on_demand or len(lacking) < len(entry.files(folder / entry.name)):
-            missing += lacking
-    assert missing == []
+    assert missing_from_reference(reference, expected_targets("mini", "R", "F")
+                                  + expected_targets("mini", "R", "F", on_demand=True)) == []
     assert (reference / "table_decoder_smollm2.csv").is_file()        # the on-demand table the reference has
-    assert (reference / "provenance.json").is_file()
-    links = re.findall(r"\]\((?!https?:)([^)#]+)\)", (reference / "report.md").read_text())
-    # report.md sits in results/mini and links figures/mini/<name> as ../../figures/mini/<name>
-    here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
-    assert here and [str(path) for path in here if not path.is_file()] == []
-
 
 
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p.startswith("decoders") and (ROOT / "reference" / p).is_dir()])
@@ -198,18 +204,10 @@ def test_a_decoders_reference_holds_every_artefact_of_its_profile(profile):
     """reference/decoders* (docs/decoders.md "The decoders profiles") is what `symfusion-compare results/<profile>`
     reads: every artefact the profile's default target builds, with all its files, its provenance, and report.md's
     links resolved in it as in reference/mini."""
-    reference = ROOT / "reference" / profile
     targets = expected_targets(profile, "R", "F")
     assert {Path(t).stem for t in targets} == {"table_decoder", "figD_decoder_barrier"}
-    missing = []
-    for target in targets:
-        entry = experiment(Path(target).stem)
-        folder = reference if entry.kind == "table" else reference / "figures"
-        missing += [str(path) for path in entry.files(folder / entry.name) if not path.is_file()]
-    assert missing == [] and (reference / "provenance.json").is_file()
-    links = re.findall(r"\]\((?!https?:)([^)#]+)\)", (reference / "report.md").read_text())
-    here = [reference / "figures" / Path(link).name if "figures/" in link else reference / link for link in links]
-    assert here and [str(path) for path in here if not path.is_file()] == []
+    assert missing_from_reference(ROOT / "reference" / profile, targets) == []
+
 
 def test_the_reference_across_vendors_has_the_references_files_and_columns():
     """reference/mini_vendors (a mini run with portable=vendors, docs/reproduce.md#determinism) is what a run on the

@@ -180,8 +180,8 @@ def shuffled_batches(data, batch_size: int, generator: torch.Generator, device: 
     """The training batches of an in-memory image split: the batches DataLoader(data, batch_size, shuffle=True,
     generator=generator, drop_last=True) gives, drawn from `generator` in the same order (the iterator's base seed,
     then each epoch's permutation), each taken by one gather in this process rather than stacked image by image.
-    No worker processes, on a GPU too: the images are in memory already, and on an H200 the paper ViT's epoch
-    (43,200 images) took 11.5 s with four loader workers against 8.3 s without them (docs/cluster.md)."""
+    No worker processes, on a GPU too: the images are in memory already, and there workers cost more than they save
+    (measured on an H200: docs/cluster.md)."""
     batches = BatchSampler(RandomSampler(data, generator=generator), batch_size, drop_last=True)
     return DataLoader(_Gathered(data), sampler=batches, batch_size=None, generator=generator,
                       pin_memory=device.type == "cuda")
