@@ -157,38 +157,45 @@ def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
 
 
 def summary(paths: list[Path]) -> None:
-    """--summary: per group and over groups (mean [95% t interval]) from the JSONs of full runs."""
+    """--summary: per group and over groups (mean [95% t interval]) from the JSONs of full runs (all ViT runs, or
+    all decoder runs: perplexity where the ViTs have accuracy; the paired differences in loss then)."""
     runs = [json.loads(p.read_text()) for p in paths]
-    if any("accuracy" not in r["best"] for r in runs):
-        print("error: --summary tabulates ViT runs (accuracy); a decoder run (--task) prints its own table", file=sys.stderr)
+    kinds = {"accuracy" in r["best"] for r in runs}
+    if len(kinds) > 1:
+        print("error: --summary tabulates runs of one kind: ViT runs (accuracy) or decoder runs (--task), not both",
+              file=sys.stderr)
         raise SystemExit(2)
+    vit = kinds == {True}
+    metric, scale = ("accuracy", 100) if vit else ("perplexity", 1)
     labels = [" ".join(r.get("names") or [p.stem]) for r, p in zip(runs, paths)]
     ways = [w for w in runs[0]["rows"] if all(w in r["rows"] for r in runs)]
     print(f"{len(runs)} groups ({'; '.join(labels)}), {', '.join(sorted({r['cpu'] for r in runs}))}\n")
-    print("| way | group | centroid accuracy % | centroid loss | simplex barrier | % of naive's |")
+    print(f"| way | group | centroid {'accuracy %' if vit else 'perplexity'} | centroid loss | simplex barrier | "
+          "% of naive's |")
     print("|---|---|---|---|---|---|")
     percent = {w: [100 * r["rows"][w]["barrier"] / r["rows"]["naive"]["barrier"] for r in runs] for w in ways}
     for way in ways:
         rows = [r["rows"][way] for r in runs]
         for label, row, share in zip(labels, rows, percent[way]):
-            print(f"| {way} | {label} | {100 * row['centroid']['accuracy']:.2f} | {row['centroid']['loss']:.4f} | "
+            print(f"| {way} | {label} | {scale * row['centroid'][metric]:.2f} | {row['centroid']['loss']:.4f} | "
                   f"{row['barrier']:.4f} | {share:.1f} |")
-        print(f"| **{way}** | mean [95% t] | {interval([r['centroid']['accuracy'] for r in rows], 100)} | "
+        print(f"| **{way}** | mean [95% t] | {interval([r['centroid'][metric] for r in rows], scale)} | "
               f"{interval([r['centroid']['loss'] for r in rows], digits=4)} | "
               f"{interval([r['barrier'] for r in rows], digits=4)} | {interval(percent[way], digits=1)} |")
     for name, key in (("best end model", "best"), ("logit ensemble", "ensemble")):
-        print(f"| {name} | mean [95% t] | {interval([r[key]['accuracy'] for r in runs], 100)} | "
+        print(f"| {name} | mean [95% t] | {interval([r[key][metric] for r in runs], scale)} | "
               f"{interval([r[key]['loss'] for r in runs], digits=4)} | | |")
     print()
     for better, worse in (("universe", "anchor"), ("universe_anchor", "anchor"), ("universe_anchor", "universe"),
-                          ("learned", "anchor_learned"), ("learned", "universe")):
+                          ("learned", "anchor_learned"), ("learned", "universe"), ("learned", "anchor"),
+                          ("universe_untie", "anchor_untie"), ("learned_untie", "learned")):
         if better in ways and worse in ways:
             barrier = [r["rows"][better]["barrier"] - r["rows"][worse]["barrier"] for r in runs]
-            accuracy = [r["rows"][better]["centroid"]["accuracy"] - r["rows"][worse]["centroid"]["accuracy"]
-                        for r in runs]
+            key, unit, factor = ("accuracy", "points", 100) if vit else ("loss", "nats", 1)
+            centroid = [r["rows"][better]["centroid"][key] - r["rows"][worse]["centroid"][key] for r in runs]
             print(f"paired {better} - {worse}: barrier {interval(barrier, digits=4)} (per group "
-                  f"{', '.join(f'{b:+.4f}' for b in barrier)}); centroid accuracy {interval(accuracy, 100)} points "
-                  f"(per group {', '.join(f'{100 * a:+.2f}' for a in accuracy)})")
+                  f"{', '.join(f'{b:+.4f}' for b in barrier)}); centroid {key} {interval(centroid, factor, 4 - 2 * vit)} "
+                  f"{unit} (per group {', '.join(f'{factor * a:+.{4 - 2 * vit}f}' for a in centroid)})")
     for way, start in (("universe", "incremental"), ("universe_anchor", "anchor")):
         ratio = [r["rows"][way]["seconds"] / (len(r["pairwise_cpu"]) + 1) / (sum(r["pairwise_cpu"]) /
                  len(r["pairwise_cpu"])) for r in runs if r.get("pairwise_cpu") and way in r["rows"]]
