@@ -65,6 +65,23 @@ def test_read_gives_the_typed_options_or_the_first_problem():
         read("barrier", cfg)
 
 
+def test_only_a_plus_override_adds_a_key_so_the_bare_configuration_is_composed_only_then():
+    # config.compose_config composes the configuration without the command line only for an override with +
+    # (its keys find an added option): sound while no yaml of conf/ or the presets moves its group's keys to the
+    # top level (`# @package _global_`), and while a group's choice keeps the top-level keys
+    yamls = [*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "src/symfusion/presets").rglob("*.yaml")]
+    assert len(yamls) > 50
+    assert [p for p in yamls if "@package" in p.read_text()] == []
+    bare = set(compose("match", ["anchor=a", "source=b", "output=o"]))
+    chosen = compose("match", ["anchor=a", "source=b", "output=o", "matching=full_symmetry_learned",
+                               "data_task=fashion_mnist"])
+    assert set(chosen) == bare and chosen.matching.refine == "loss"
+    with pytest.raises(SymfusionError, match=r"^foo is not an option of symfusion-match; its options are .*anchor"):
+        compose("match", ["anchor=a", "source=b", "output=o", "+foo=1"])
+    with pytest.raises(SymfusionError, match=r"^foo is not an option of symfusion-match; its options are .*anchor"):
+        compose("match", ["anchor=a", "source=b", "output=o", "foo=1"])
+
+
 def test_an_undeclared_option_in_a_configuration_is_the_projects_mistake():
     cfg = compose("report", ["artefact=a", "inputs=[a]", "output=o"])
     with open_dict(cfg):

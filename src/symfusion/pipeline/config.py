@@ -149,8 +149,9 @@ def compose_config(config_name: str, node: dict, overrides: list[str], texts: fr
     ConfigStore.instance().store(name=stored, node=node)
     searched = ["hydra.searchpath=[" + ",".join(_quoted(f"file://{folder}") for folder in others) + "]"]
     with initialize_config_dir(config_dir=str(home), version_base=None, job_name=config_name):
-        base = compose(config_name=stored, overrides=searched)
-        options = ", ".join(sorted(k for k in base if k != "hydra"))
+        def options() -> tuple[set, str]:          # the keys without the command line's overrides, and as listed
+            base = compose(config_name=stored, overrides=searched)
+            return set(base), ", ".join(sorted(k for k in base if k != "hydra"))
         try:
             cfg = compose(config_name=stored, overrides=searched + overrides)
         except MissingConfigException as error:
@@ -166,11 +167,16 @@ def compose_config(config_name: str, node: dict, overrides: list[str], texts: fr
             if "Could not override" in message:
                 key = message.split("'")[1] if "'" in message else message
                 raise SymfusionError(f"{key} is not an option of symfusion-{config_name}; its options are "
-                                     f"{options}") from error
+                                     f"{options()[1]}") from error
             raise SymfusionError(f"cannot build the configuration: {message}") from error
-    unknown = sorted(set(cfg) - set(base))
-    if unknown:
-        raise SymfusionError(f"{unknown[0]} is not an option of symfusion-{config_name}; its options are {options}")
+        # only an override with + can add a key (no group of conf/ or the presets is @package _global_): the
+        # configuration without the overrides is composed (a second time) just then
+        if any(o.startswith("+") for o in overrides):
+            keys, listed = options()
+            unknown = sorted(set(cfg) - keys)
+            if unknown:
+                raise SymfusionError(f"{unknown[0]} is not an option of symfusion-{config_name}; its options are "
+                                     f"{listed}")
     return cfg
 
 
