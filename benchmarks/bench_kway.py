@@ -13,6 +13,10 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
     anchor_learned  each model onto model 0 by pairwise full_symmetry_learned (align() with data)
     learned      the universe, then the learned k-way refinement of all k maps on the loss of mixtures over the
                  simplex (align_many, matching="full_symmetry_learned", data=...; matching/universe_learned.py)
+  with --synthetic (no data read):
+    synthetic    the universe, then the k-way refinement distilled on inputs it makes (align_many, matching=
+                 "full_symmetry_synthetic" as its preset says: 600 steps on smooth-noise images or text the k models
+                 write; matching/synthetic.py). --learned-only --synthetic --no-anchor-learned --no-kway-learned: it alone
 beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
 per round (in the folded gauge the whole-group solver measures), why it stopped, and its CPU seconds against k
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
@@ -93,7 +97,16 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     """The learned rows into `ways` (states, report) and their all-in CPU seconds into `cpu_of`: anchor_learned
     (pairwise full_symmetry_learned of each model onto model 0) unless --no-anchor-learned, and learned (align_many
     with full_symmetry_learned: the universe, then the k-way refinement), both refine_steps=--learned-steps on
-    --data-batches training batches."""
+    --data-batches training batches; with --synthetic also synthetic (align_many with full_symmetry_synthetic as
+    its preset says: the universe, then the k-way refinement distilled on inputs it makes; no data read)."""
+    if args.synthetic:
+        cpu = time.process_time()
+        aligned, report = symfusion.align_many(models, matching="full_symmetry_synthetic", max_rounds=args.max_rounds)
+        cpu_of["synthetic"], ways["synthetic"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
+        print(f"synthetic: {cpu_of['synthetic']:.1f} CPU s (data-free start {report['cpu_seconds']:.1f}); refine: "
+              f"{json.dumps(report['refine'])}", flush=True)
+    if not (args.learned or args.learned_only) or (args.no_anchor_learned and args.no_kway_learned):
+        return
     data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
     learned = dataclasses.replace(matching_config("full_symmetry_learned"), refine_steps=args.learned_steps)
     if not args.no_anchor_learned:
@@ -188,7 +201,8 @@ def summary(paths: list[Path]) -> None:
     print()
     for better, worse in (("universe", "anchor"), ("universe_anchor", "anchor"), ("universe_anchor", "universe"),
                           ("learned", "anchor_learned"), ("learned", "universe"), ("learned", "anchor"),
-                          ("universe_untie", "anchor_untie"), ("learned_untie", "learned")):
+                          ("universe_untie", "anchor_untie"), ("learned_untie", "learned"),
+                          ("synthetic", "anchor"), ("synthetic", "universe"), ("learned", "synthetic")):
         if better in ways and worse in ways:
             barrier = [r["rows"][better]["barrier"] - r["rows"][worse]["barrier"] for r in runs]
             key, unit, factor = ("accuracy", "points", 100) if vit else ("loss", "nats", 1)
@@ -202,7 +216,7 @@ def summary(paths: list[Path]) -> None:
         if len(ratio) == len(runs):
             print(f"the data-free universe's solve ({start} start) / k pairwise full_symmetry solves (CPU s, same "
                   f"run): {interval(ratio)} (per group {', '.join(f'{x:.2f}' for x in ratio)})")
-    for way in ("anchor_learned", "learned"):
+    for way in ("anchor_learned", "learned", "synthetic"):
         seconds = [r.get("cpu_all_in", {}).get(way) for r in runs]
         if all(x is not None for x in seconds):
             print(f"{way}: {interval(seconds, digits=1)} CPU s all-in (per group {', '.join(f'{x:.1f}' for x in seconds)})")
@@ -226,6 +240,8 @@ def main() -> None:
     parser.add_argument("--learned", action="store_true", help="also the learned rows (anchor_learned, learned)")
     parser.add_argument("--learned-steps", type=int, default=200, help="refine_steps of the learned rows")
     parser.add_argument("--data-batches", type=int, default=200, help="training batches the learned rows read")
+    parser.add_argument("--synthetic", action="store_true", help="also the synthetic row (align_many with "
+                        "full_symmetry_synthetic: the k-way refinement distilled on inputs it makes, no data)")
     parser.add_argument("--learned-only", action="store_true", help="only the learned rows (and their evaluation)")
     parser.add_argument("--no-anchor-learned", action="store_true", help="leave out the anchor_learned row")
     parser.add_argument("--no-kway-learned", action="store_true", help="leave out the learned (k-way) row")
@@ -276,7 +292,7 @@ def main() -> None:
                                                max_rounds=args.max_rounds)
         cpu_of["universe_untie"] = time.process_time() - cpu
         ways["universe_untie"] = ([m.state_dict() for m in aligned], report)
-    if args.learned:
+    if args.learned or args.synthetic:
         learned_ways(args, models, states, task, ways, cpu_of)
     one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
     per_round = ", ".join(f"{r['cpu_seconds']:.1f}" for r in universe["rounds"])
@@ -328,7 +344,7 @@ def main() -> None:
         rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1} ({row['stop']})"
         seconds = f"{sum(pairwise_cpu):.1f} ({k - 1} pairwise)" if name == "anchor" else \
             f"{cpu_of[name]:.1f} (all-in)" if name in ("anchor_learned", "learned", "anchor_untie", "universe_untie",
-                                                        "learned_untie") else \
+                                                        "learned_untie", "synthetic") else \
             ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
         print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")

@@ -13,7 +13,10 @@ gains; as stored for a block-only matching), why the alternation stopped (a fixe
 the pairwise distances before and after in that gauge, each model's functional checks, the seconds, and the k
 transforms (model i -> the shared basis).
 With a refine=loss matching (full_symmetry_learned) and data=[batches], the universe is then refined: all k maps
-learned jointly on the loss of mixtures over the simplex (matching/universe_learned.py); the report's `refine` says
+learned jointly on the loss of mixtures over the simplex (matching/universe_learned.py); with refine=synthetic
+(full_symmetry_synthetic) the same, without data: distilled on inputs it makes (matching/synthetic.py: smooth-noise
+images, or text the k end models write in turn), each mixture's target the end models' predictions mixed as it mixes
+them; the report's `refine` says
 how (steps, points, the centroid's loss before and after on the first batches, kept: refined | universe) and the
 transforms are the refined ones (the objective and distances stay the data-free universe's).
 Folders are read as align() reads them (io/modelio.load_model: safetensors only, every tensor of the config present,
@@ -46,6 +49,7 @@ from symfusion.io.untie import is_tied, untie_all
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, STARTS, align_states, floating_keys
+from symfusion.matching.synthetic import SyntheticBatches, check_inputs
 from symfusion.matching.universe_learned import refine_universe
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
@@ -67,7 +71,8 @@ def align_many(models, matching: MatchConfig | str = "full_symmetry", output=Non
     written, DIR/model_0 ..). matching: a data-free matching preset or MatchConfig (full_symmetry, the default; any
     variant without data: rotation, git_rebasin, ...), the pairwise solver of each step; or a whole-group preset with
     refine=loss (full_symmetry_learned) and data=[batches of model inputs, with labels]: the data-free universe, then
-    the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py).
+    the learned k-way refinement of all k maps on the loss of mixtures over the simplex (matching/universe_learned.py);
+    or full_symmetry_synthetic (refine=synthetic, no data): that refinement distilled on inputs it makes.
     A preset with matching.untie=true (full_symmetry_untie, full_symmetry_untie_learned) aligns each tied decoder as
     its untied copy (io/untie.py: the same class, lm_head its own copy), so the residual map may be any orthogonal map.
     max_rounds: rounds of the alternation after the start (each k pairwise solves). start: where the alternation
@@ -113,9 +118,13 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
         universe = align_states(states, layout, free, keys=keys, tied=is_tied(models[0]), max_rounds=max_rounds,
                                 start=start)
         transforms, aligned_states, refine = universe.transforms, universe.aligned, None
-        if config.refine == "loss":
+        if config.refine in ("loss", "synthetic"):
+            batches = list(data) if config.refine == "loss" else \
+                SyntheticBatches(models[0], states, config.refine_settings(layout).steps)   # the k end models write
             transforms, refine = refine_universe(states, layout, config, transforms, copy.deepcopy(models[0]),
-                                                 list(data), tied=is_tied(models[0]))
+                                                 batches, tied=is_tied(models[0]))
+            if config.refine == "synthetic":
+                refine = {**refine, "inputs": f"synthetic {batches.kind} (matching/synthetic.py)"}
             aligned_states = [apply_transform(s, layout, t) for s, t in zip(states, transforms)]
         aligned, checks = [], []
         for model, state, transform in zip(models, aligned_states, transforms):
@@ -154,6 +163,8 @@ def _align_folders(paths: list[Path], output: Path, config: MatchConfig, name, t
         check_same_body(models[0], model, paths[0], path)
     if config.untie:            # each tied one aligned and written as its untied copy (save_pretrained: lm_head saved)
         models = untie_all(models, [str(p) for p in paths])
+    if config.refine == "synthetic":
+        check_inputs(models[0])                    # an encoder classifier: nothing to make for it (one line)
     # a new folder, or a previous output of align_many; never an input
     with safe_output(output, WRITER, MANY_FOLDER, inputs=paths, is_dir=True) as claim:
         aligned, report = _align_modules(models, config, name, tolerance, max_rounds, data, start)
@@ -234,18 +245,20 @@ def _check_arguments(models, matching, output, tolerance, max_rounds, progress, 
         raise SymfusionError(f"align_many(): matching {given} learns on the loss of mixtures: give data=[batches of "
                              "model inputs, with labels]")
     if data and config.refine != "loss":      # it would be unread
-        raise SymfusionError(f"align_many(): matching {given} reads the weights only, no data: leave data out, or "
+        raise SymfusionError(f"align_many(): matching {given} {config.reads}, no data: leave data out, or "
                              "choose full_symmetry_learned")
+    if config.refine == "synthetic" and modules:
+        check_inputs(models[0])                    # an encoder classifier: nothing to make for it (one line)
     return config
 
 
 def k_way_matching(config: MatchConfig, given: str) -> None:
     """Refuse, in one SymfusionError line, a matching the k-way solver cannot run (whatever the data): one that starts
-    from activations or runs the models on inputs it makes (`given`: its name, for the line)."""
-    if config.residual_solve != "weights" or config.refine == "synthetic":
-        raise SymfusionError(f"align_many(): matching {given} starts from activations or runs the models on inputs it "
-                             "makes; the k-way start is data-free (full_symmetry), its learned form reads data "
-                             "(full_symmetry_learned with data=...)")
+    from activations (`given`: its name, for the line)."""
+    if config.residual_solve != "weights":
+        raise SymfusionError(f"align_many(): matching {given} starts from activations; the k-way start is data-free "
+                             "(full_symmetry), its learned forms read data (full_symmetry_learned with data=...) or "
+                             "inputs they make (full_symmetry_synthetic)")
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import transformers as tf
 import symfusion
 from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
-from symfusion.matching import MatchConfig, matching_config
+from symfusion.matching import matching_config
 from symfusion.symmetry import apply_transform
 from test_residual_matching import vit_batches
 from test_residual_symmetry import build, relative_change
@@ -108,7 +108,8 @@ def test_folders_in_k_standard_folders_out(tmp_path):
     ({"matching": "full_symmetry", "data": ["x"]}, "data must be a list of batches"),
     ({"data": [{"pixel_values": torch.zeros(2, 3, 8, 8)}]}, "reads the weights only, no data"),
     ({"matching": dataclasses.replace(LEARNED, residual_solve="activations"), "data": [{}]}, "k-way start is data-free"),
-    ({"matching": MatchConfig(residual="auto", refine="synthetic")}, "k-way start is data-free"),
+    ({"matching": "full_symmetry_synthetic", "data": [{"pixel_values": torch.zeros(2, 3, 8, 8)}]},
+     "runs the models on inputs it makes, no data"),
 ])
 def test_bad_arguments_are_one_line(kwargs, message):
     models = [build("enc", "vit", {}, dtype=torch.float32, seed=s) for s in (1, 2)]
@@ -131,3 +132,45 @@ def test_folders_with_bad_data_write_nothing(tmp_path):
                                  max_rounds=0)
         assert "\n" not in str(error.value) and ("labels" in str(error.value) or "give data=" in str(error.value))
         assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["vit_0", "vit_1"]
+
+
+SYNTHETIC = dataclasses.replace(matching_config("full_symmetry_synthetic"), refine_steps=30, refine_lr=0.05)
+
+
+@pytest.mark.parametrize("kind,family,overrides", FAMILIES, ids=["vit", "llama-gqa"])
+def test_the_synthetic_refinement_reads_no_data_and_keeps_every_function(kind, family, overrides):
+    # full_symmetry_synthetic through align_many: the learned k-way refinement distilled on inputs it makes (smooth
+    # noise, or text the k models write in turn); every model keeps its function in float64; one seed, one result
+    models = [build(kind, family, overrides, dtype=torch.float32, seed=s) for s in (1, 2, 3)]
+    aligned, report = symfusion.align_many(models, matching=SYNTHETIC, max_rounds=1)
+    refine = report["refine"]
+    assert refine["steps"] == 30 and refine["batches"] == 30 and refine["distill"] == 1.0
+    assert refine["inputs"] == f"synthetic {'images' if family == 'vit' else 'text'} (matching/synthetic.py)"
+    assert refine["kept"] in ("refined", "universe")
+    layout = layout_of(models[0].config, models[0].state_dict())
+    for model, moved, transform in zip(models, aligned, report["transforms"]):
+        expected = apply_transform(model.state_dict(), layout, transform)
+        assert all(torch.equal(expected[k].to(v.dtype), v) for k, v in moved.state_dict().items())
+        wide = build(kind, family, overrides, dtype=torch.float64, seed=1)
+        wide.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()})
+        assert relative_change(wide, transform) < 1e-9
+    assert all(c["relative_output_change_float64"] <= c["tolerance_float64"] for c in report["checks"])
+    again, _ = symfusion.align_many(models, matching=SYNTHETIC, max_rounds=1)
+    assert all(torch.equal(a.state_dict()[k], v) for a, b in zip(again, aligned) for k, v in b.state_dict().items())
+    if kind == "enc":        # the refinement moved the maps: not the data-free universe's models
+        start, _ = symfusion.align_many(models, max_rounds=1)
+        assert refine["kept"] == "refined"
+        assert not all(torch.equal(a.state_dict()[k], v) for a, b in zip(start, aligned)
+                       for k, v in b.state_dict().items())
+
+
+def test_an_encoder_classifier_is_refused_the_synthetic_refinement_in_one_line(tmp_path):
+    models = [build("enc", "bert", {}, dtype=torch.float32, seed=s) for s in (1, 2)]
+    with pytest.raises(SymfusionError, match="cannot write") as error:
+        symfusion.align_many(models, matching=SYNTHETIC)
+    assert "\n" not in str(error.value)
+    for i, model in enumerate(models):
+        model.save_pretrained(tmp_path / f"bert_{i}")
+    with pytest.raises(SymfusionError, match="cannot write"):
+        symfusion.align_many([tmp_path / "bert_0", tmp_path / "bert_1"], matching=SYNTHETIC, output=tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert_0", "bert_1"]

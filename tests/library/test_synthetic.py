@@ -65,6 +65,18 @@ def test_the_text_is_written_by_the_anchor_and_the_source_in_turn_a_call_of_batc
     assert torch.equal(torch.random.get_rng_state(), generator_state)
 
 
+def test_k_end_models_write_the_text_in_turn():
+    # align_many's k models: batch i written by model i mod k (a pair: the anchor's even, the source's odd batches)
+    models = [build("dec", "llama", {"num_key_value_heads": 2}, seed=s, dtype=torch.float32) for s in (1, 2, 3)]
+    batches = SyntheticBatches(models[0], [m.state_dict() for m in models], 5, seed=3)
+    length = min(128, models[0].config.max_position_embeddings - 1)
+    ids = [batches[i]["input_ids"] for i in range(5)]
+    seed = 3 * 1_000_003                                   # call c of writer w: seed + k c + w
+    assert torch.equal(torch.cat([ids[0], ids[3]]), sampled_text(models[0], 16, length, seed))
+    assert torch.equal(torch.cat([ids[1], ids[4]]), sampled_text(models[1], 16, length, seed + 1))
+    assert torch.equal(ids[2], sampled_text(models[2], 8, length, seed + 2))
+
+
 def test_a_model_that_reads_no_images_and_writes_no_text_is_refused_with_one_line_and_nothing_written(tmp_path):
     model = build("enc", "bert", {})
     with pytest.raises(SymfusionError, match="cannot write"):

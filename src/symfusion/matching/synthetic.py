@@ -8,7 +8,8 @@ made here, so no data is read. Labels are made too (the model's own loss needs t
   model (pipeline/data/images.py). The width was chosen on the validation split of the mini's three ViT pairs
   among 5, 9, 13 and 19 pixels at 28; unblurred noise made the barrier worse than no refinement (docs/matching.md).
 - Causal language models: sequences of TEXT_LENGTH tokens (at most the model's positions less one) sampled at
-  temperature 1 from the first special token, batch i written by the anchor for even i and by the source for odd i,
+  temperature 1 from the first special token, batch i written by end model i mod n of the n given (a pair: the
+  anchor for even i, the source for odd i; k models of align_many: each writes every k-th batch),
   each writer's batches CALL at a time (one generate call writes CALL x SEQUENCES rows: 3x faster than a call
   per batch on the mini decoders, whose token steps cost little beside a call's fixed work).
 Models that neither read images nor generate text (encoder classifiers) are refused with one line.
@@ -79,10 +80,11 @@ def sampled_text(model: torch.nn.Module, rows: int, length: int, seed: int) -> t
 
 
 class SyntheticBatches(Sequence):
-    """`count` batches of synthetic inputs for `model` (a module of the pair's architecture); `states`: the anchor's
-    and the source's state dicts, which write the text of a causal LM (images need neither)."""
+    """`count` batches of synthetic inputs for `model` (a module of the models' architecture); `states`: the end
+    models' state dicts (the anchor's and the source's, or the k of align_many), which write the text of a causal LM
+    in turn (images need none)."""
 
-    def __init__(self, model: torch.nn.Module, states: tuple[Mapping, Mapping], count: int, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, states: Sequence[Mapping], count: int, seed: int = 0):
         self.kind, self.count, self.seed = check_inputs(model), count, seed
         config = model.config
         if self.kind == "images":
@@ -92,7 +94,7 @@ class SyntheticBatches(Sequence):
             limit = token_limit(config)
             self.length = TEXT_LENGTH if limit is None else min(TEXT_LENGTH, limit - 1)
             self.writers, self.written = [], {}
-            for state in states:                                    # (anchor, source): each writes half the batches
+            for state in states:                                    # each writes every n-th batch
                 writer = copy.deepcopy(model).float().eval()
                 writer.load_state_dict(dict(state))
                 self.writers.append(writer)
@@ -107,12 +109,13 @@ class SyntheticBatches(Sequence):
             raise IndexError(index)
         index %= self.count
         if self.kind == "text":                   # slow to write, small to hold: each batch written once
-            writer, place = index % 2, index // 2                     # the writer's place-th batch
+            n = len(self.writers)
+            writer, place = index % n, index // n                     # the writer's place-th batch
             call = (writer, place // CALL)
             if call not in self.written:                              # the call's CALL batches, rows in order
-                rows = min(CALL, (self.count - writer + 1) // 2 - call[1] * CALL) * SEQUENCES
+                rows = min(CALL, (self.count - writer + n - 1) // n - call[1] * CALL) * SEQUENCES
                 self.written[call] = sampled_text(self.writers[writer], rows, self.length,
-                                                  self.seed * 1_000_003 + 2 * call[1] + writer)
+                                                  self.seed * 1_000_003 + n * call[1] + writer)
             ids = self.written[call][(place % CALL) * SEQUENCES:(place % CALL + 1) * SEQUENCES]  # (SEQUENCES, length)
             return {"input_ids": ids, "labels": ids.clone()}
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
