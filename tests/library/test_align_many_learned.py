@@ -44,6 +44,18 @@ def centroid_loss(models, states, data) -> float:
                    for b in data) / len(data)
 
 
+def assert_each_keeps_its_function(kind, family, overrides, models, aligned, report) -> None:
+    """Every aligned model is its source moved by its transform, which keeps the source's function in float64."""
+    layout = layout_of(models[0].config, models[0].state_dict())
+    for model, moved, transform in zip(models, aligned, report["transforms"]):
+        expected = apply_transform(model.state_dict(), layout, transform)
+        assert all(torch.equal(expected[k].to(v.dtype), v) for k, v in moved.state_dict().items())
+        wide = build(kind, family, overrides, dtype=torch.float64, seed=1)
+        wide.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()})
+        assert relative_change(wide, transform) < 1e-9
+    assert all(c["relative_output_change_float64"] <= c["tolerance_float64"] for c in report["checks"])
+
+
 @pytest.mark.parametrize("kind,family,overrides", FAMILIES, ids=["vit", "llama-gqa"])
 def test_the_refined_models_keep_their_functions_and_the_centroid_loss_falls(kind, family, overrides):
     models = [build(kind, family, overrides, dtype=torch.float32, seed=s) for s in (1, 2, 3)]
@@ -57,16 +69,10 @@ def test_the_refined_models_keep_their_functions_and_the_centroid_loss_falls(kin
     before = centroid_loss(models, [m.state_dict() for m in start], data)
     after = centroid_loss(models, [m.state_dict() for m in aligned], data)
     assert after < before, (before, after)
-    # every refined model is its source moved by its transform, which keeps the source's function in float64
-    layout = layout_of(models[0].config, models[0].state_dict())
-    for model, moved, transform in zip(models, aligned, report["transforms"]):
-        expected = apply_transform(model.state_dict(), layout, transform)
-        assert all(torch.equal(expected[k].to(v.dtype), v) for k, v in moved.state_dict().items())
-        wide = build(kind, family, overrides, dtype=torch.float64, seed=1)
-        wide.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()})
-        assert relative_change(wide, transform) < 1e-9
-        assert any(not torch.equal(g, torch.ones_like(g)) for g in transform.residual.gains.values())   # learned
-    assert all(c["relative_output_change_float64"] <= c["tolerance_float64"] for c in report["checks"])
+    assert_each_keeps_its_function(kind, family, overrides, models, aligned, report)
+    # the unfolding gains were learned
+    assert all(any(not torch.equal(g, torch.ones_like(g)) for g in t.residual.gains.values())
+               for t in report["transforms"])
 
 
 def test_the_same_seed_gives_the_same_bits():
@@ -147,14 +153,7 @@ def test_the_synthetic_refinement_reads_no_data_and_keeps_every_function(kind, f
     assert refine["steps"] == 30 and refine["batches"] == 30 and refine["distill"] == 1.0
     assert refine["inputs"] == f"synthetic {'images' if family == 'vit' else 'text'} (matching/synthetic.py)"
     assert refine["kept"] in ("refined", "universe")
-    layout = layout_of(models[0].config, models[0].state_dict())
-    for model, moved, transform in zip(models, aligned, report["transforms"]):
-        expected = apply_transform(model.state_dict(), layout, transform)
-        assert all(torch.equal(expected[k].to(v.dtype), v) for k, v in moved.state_dict().items())
-        wide = build(kind, family, overrides, dtype=torch.float64, seed=1)
-        wide.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()})
-        assert relative_change(wide, transform) < 1e-9
-    assert all(c["relative_output_change_float64"] <= c["tolerance_float64"] for c in report["checks"])
+    assert_each_keeps_its_function(kind, family, overrides, models, aligned, report)
     again, _ = symfusion.align_many(models, matching=SYNTHETIC, max_rounds=1)
     assert all(torch.equal(a.state_dict()[k], v) for a, b in zip(again, aligned) for k, v in b.state_dict().items())
     if kind == "enc":        # the refinement moved the maps: not the data-free universe's models
