@@ -123,8 +123,8 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
                 SyntheticBatches(models[0], states, config.refine_settings(layout).steps)   # the k end models write
             transforms, refine = refine_universe(states, layout, config, transforms, copy.deepcopy(models[0]),
                                                  batches, tied=is_tied(models[0]))
-            if config.refine == "synthetic":
-                refine = {**refine, "inputs": f"synthetic {batches.kind} (matching/synthetic.py)"}
+            refine = {**refine, "inputs": "data" if config.refine == "loss" else
+                      f"synthetic {batches.kind} (matching/synthetic.py)"}
             aligned_states = [apply_transform(s, layout, t) for s, t in zip(states, transforms)]
         aligned, checks = [], []
         for model, state, transform in zip(models, aligned_states, transforms):

@@ -64,7 +64,7 @@ def test_the_learned_k_way_reads_its_tasks_batches(folders, tmp_path, capsys):
     out = tmp_path / "learned"
     code, text = outcome(command(models(folders), f"output={out}", "max_rounds=1", *LEARNED))
     assert code == 0, text
-    assert "; learned: centroid loss " in capsys.readouterr().out
+    assert "; refined on data: centroid loss " in capsys.readouterr().out
     saved = json.loads((out / "many.json").read_text())
     assert saved["matching"] == "full_symmetry_learned"
     assert saved["data"] == {"task": "digits", "split": "train", "batches": 2}

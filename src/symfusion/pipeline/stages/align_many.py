@@ -55,8 +55,9 @@ class AlignMany(Command):
                                      max_rounds=self.max_rounds, data=data,
                                      record={"matching": name, "data": origin, "provenance": provenance(resolved(cfg))})
         objective, refine = report["objective"], report.get("refine")
-        learned = f"; learned: centroid loss {refine['centroid_loss_before']:.4g} -> " \
-                  f"{refine['centroid_loss_after']:.4g}, kept {refine['kept']}" if refine else ""
+        learned = f"; refined on {refine['inputs'].split(' (')[0]}: centroid loss " \
+                  f"{refine['centroid_loss_before']:.4g} -> {refine['centroid_loss_after']:.4g}, kept {refine['kept']}" \
+            if refine else ""
         print(f"wrote {len(written)} aligned folders to {self.output} ({name}; J {objective[0]:.6g} -> "
               f"{objective[-1]:.6g} in {len(report['rounds'])} rounds, {report['stop']}{learned}; "
               f"{report['seconds_total']:.1f} s in all)")
