@@ -17,6 +17,9 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
     synthetic    the universe, then the k-way refinement distilled on inputs it makes (align_many, matching=
                  "full_symmetry_synthetic" as its preset says: 600 steps on smooth-noise images or text the k models
                  write; matching/synthetic.py). --learned-only --synthetic --no-anchor-learned --no-kway-learned: it alone
+  with --anchor-synthetic (no data read):
+    anchor_synthetic  each model onto model 0 by pairwise full_symmetry_synthetic (align(), its preset's 600 steps):
+                 the like-for-like anchor row for synthetic
 beside the best end model and the logit ensemble (the mean of the k models' logits). Also each universe's objective
 per round (in the folded gauge the whole-group solver measures), why it stopped, and its CPU seconds against k
 pairwise full_symmetry solves timed in the same run, and for k = 2 (the first two models) the universe against the
@@ -34,6 +37,8 @@ the untied copies, full_symmetry) and with --learned learned_untie (full_symmetr
 With --summary G1.json G2.json ... (each a --out of a full run on one group of k models): each group's row per way
 and the mean over groups with its 95% t interval (the issue's targets: the learned barrier <= 5% of naive
 averaging's, the data-free one <= 30% and below anchor matching's, the centroid >= the pairwise full_symmetry mean).
+--learned-only --base G.json (a full run's --out for the same models): its --out is G's content with the new rows
+added, so that --summary tabulates them beside G's (a row of G of the same name is refused, never replaced).
 """
 from __future__ import annotations
 
@@ -105,6 +110,13 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
         cpu_of["synthetic"], ways["synthetic"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
         print(f"synthetic: {cpu_of['synthetic']:.1f} CPU s (data-free start {report['cpu_seconds']:.1f}); refine: "
               f"{json.dumps(report['refine'])}", flush=True)
+    if args.anchor_synthetic:
+        cpu, moved = time.process_time(), [states[0]]
+        for model in models[1:]:
+            matched, _ = symfusion.align(model, models[0], matching="full_symmetry_synthetic")
+            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
+        cpu_of["anchor_synthetic"], ways["anchor_synthetic"] = time.process_time() - cpu, (moved, None)
+        print(f"anchor_synthetic: {cpu_of['anchor_synthetic']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
     if not (args.learned or args.learned_only) or (args.no_anchor_learned and args.no_kway_learned):
         return
     data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
@@ -156,9 +168,42 @@ def learned_only(args, models, states, task, work) -> None:
         print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
     if args.out:
+        record = {"cpu": cpu_model() or 'unknown CPU', "rows": rows, "steps": args.learned_steps,
+                  "batches": args.data_batches}
+        if args.base is not None:
+            record = with_base(args, rows, cpu_of)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu": cpu_model() or 'unknown CPU', "rows": rows, "steps": args.learned_steps,
-                                        "batches": args.data_batches}, indent=1))
+        args.out.write_text(json.dumps(record, indent=1))
+
+
+def refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_base(args) -> None:
+    """--base: only with --learned-only and --out (another file), a full run on the same models without these rows."""
+    if not args.learned_only or args.out is None or args.out.resolve() == args.base.resolve():
+        refuse("--base needs --learned-only and an --out other than the base")
+    try:
+        base = json.loads(args.base.read_text())
+    except (OSError, ValueError) as error:
+        refuse(f"--base {args.base}: not a readable JSON ({type(error).__name__})")
+    if not isinstance(base, dict) or base.get("names") != args.names or not isinstance(base.get("rows"), dict):
+        refuse(f"--base {args.base} is not a full run on {' '.join(args.names)}")
+    planned = {"anchor_synthetic": args.anchor_synthetic, "synthetic": args.synthetic,
+               "anchor_learned": not args.no_anchor_learned, "learned": not args.no_kway_learned,
+               "learned_untie": args.untie and not args.no_kway_learned}
+    clash = sorted(name for name, on in planned.items() if on and name in base["rows"])
+    if clash:
+        refuse(f"--base {args.base} already has the rows {', '.join(clash)}")
+
+
+def with_base(args, rows: dict, cpu_of: dict) -> dict:
+    """--base G.json: G's record (a full run on the same models) with these rows and their CPU seconds added."""
+    base = json.loads(args.base.read_text())
+    return {**base, "rows": {**base["rows"], **rows}, "cpu_all_in": {**base.get("cpu_all_in", {}), **cpu_of},
+            "added": {"cpu": cpu_model() or "unknown CPU", "rows": sorted(rows)}}
 
 
 def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -202,7 +247,8 @@ def summary(paths: list[Path]) -> None:
     for better, worse in (("universe", "anchor"), ("universe_anchor", "anchor"), ("universe_anchor", "universe"),
                           ("learned", "anchor_learned"), ("learned", "universe"), ("learned", "anchor"),
                           ("universe_untie", "anchor_untie"), ("learned_untie", "learned"),
-                          ("synthetic", "anchor"), ("synthetic", "universe"), ("learned", "synthetic")):
+                          ("synthetic", "anchor"), ("synthetic", "universe"), ("learned", "synthetic"),
+                          ("synthetic", "anchor_synthetic"), ("anchor_synthetic", "anchor")):
         if better in ways and worse in ways:
             barrier = [r["rows"][better]["barrier"] - r["rows"][worse]["barrier"] for r in runs]
             key, unit, factor = ("accuracy", "points", 100) if vit else ("loss", "nats", 1)
@@ -216,7 +262,7 @@ def summary(paths: list[Path]) -> None:
         if len(ratio) == len(runs):
             print(f"the data-free universe's solve ({start} start) / k pairwise full_symmetry solves (CPU s, same "
                   f"run): {interval(ratio)} (per group {', '.join(f'{x:.2f}' for x in ratio)})")
-    for way in ("anchor_learned", "learned", "synthetic"):
+    for way in ("anchor_learned", "learned", "synthetic", "anchor_synthetic"):
         seconds = [r.get("cpu_all_in", {}).get(way) for r in runs]
         if all(x is not None for x in seconds):
             print(f"{way}: {interval(seconds, digits=1)} CPU s all-in (per group {', '.join(f'{x:.1f}' for x in seconds)})")
@@ -243,12 +289,18 @@ def main() -> None:
     parser.add_argument("--synthetic", action="store_true", help="also the synthetic row (align_many with "
                         "full_symmetry_synthetic: the k-way refinement distilled on inputs it makes, no data)")
     parser.add_argument("--learned-only", action="store_true", help="only the learned rows (and their evaluation)")
+    parser.add_argument("--anchor-synthetic", action="store_true", help="also the anchor_synthetic row (pairwise "
+                        "full_symmetry_synthetic onto model 0; no data)")
+    parser.add_argument("--base", type=Path, default=None, help="with --learned-only: a full run's --out on the same "
+                        "models; --out then holds its rows and these")
     parser.add_argument("--no-anchor-learned", action="store_true", help="leave out the anchor_learned row")
     parser.add_argument("--no-kway-learned", action="store_true", help="leave out the learned (k-way) row")
     parser.add_argument("--summary", type=Path, nargs="+", help="only the table over groups of these --out JSONs")
     args = parser.parse_args()
     if args.summary:
         return summary(args.summary)
+    if args.base is not None:
+        check_base(args)
     torch.set_num_threads(1)
     models = [load_model(str(args.models / n)).eval() for n in args.names]
     states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
@@ -292,7 +344,7 @@ def main() -> None:
                                                max_rounds=args.max_rounds)
         cpu_of["universe_untie"] = time.process_time() - cpu
         ways["universe_untie"] = ([m.state_dict() for m in aligned], report)
-    if args.learned or args.synthetic:
+    if args.learned or args.synthetic or args.anchor_synthetic:
         learned_ways(args, models, states, task, ways, cpu_of)
     one, universe = sum(pairwise_cpu) / len(pairwise_cpu), ways["universe"][1]
     per_round = ", ".join(f"{r['cpu_seconds']:.1f}" for r in universe["rounds"])
@@ -344,7 +396,7 @@ def main() -> None:
         rounds = "" if row["objective"] is None else f"{len(row['objective']) - 1} ({row['stop']})"
         seconds = f"{sum(pairwise_cpu):.1f} ({k - 1} pairwise)" if name == "anchor" else \
             f"{cpu_of[name]:.1f} (all-in)" if name in ("anchor_learned", "learned", "anchor_untie", "universe_untie",
-                                                        "learned_untie", "synthetic") else \
+                                                        "learned_untie", "synthetic", "anchor_synthetic") else \
             ("" if row["seconds"] is None else f"{row['seconds']:.1f}")
         print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {objective} | {rounds} | {seconds} |")

@@ -46,3 +46,53 @@ def test_the_summary_refuses_ViT_and_decoder_runs_together(tmp_path, capsys):
         bench.summary([run(tmp_path, "v", 0.0), run(tmp_path, "d", 0.0, decoder=True)])
     assert stop.value.code == 2
     assert capsys.readouterr().err.startswith("error: --summary tabulates runs of one kind")
+
+
+def base_args(tmp_path, base, **kwargs):
+    defaults = dict(learned_only=True, out=tmp_path / "added.json", base=base, names=["g0"], anchor_synthetic=True,
+                    synthetic=False, no_anchor_learned=True, no_kway_learned=True, untie=False)
+    return type("Args", (), {**defaults, **kwargs})()
+
+
+def test_base_adds_rows_that_the_summary_then_pairs(tmp_path, capsys):
+    # --learned-only --base G.json: G's rows and the new ones in one record, which --summary tabulates and pairs
+    base = run(tmp_path, "g0", 0.0)
+    args = base_args(tmp_path, base)
+    bench.check_base(args)
+    added = {"anchor_synthetic": {"centroid": {"loss": 0.8, "accuracy": 0.8}, "barrier": 0.3}}
+    record = bench.with_base(args, added, {"anchor_synthetic": 12.5})
+    assert set(record["rows"]) == {"naive", "anchor", "universe", "universe_anchor", "anchor_synthetic"}
+    assert record["rows"]["anchor"] == json.loads(base.read_text())["rows"]["anchor"]
+    assert record["cpu_all_in"]["anchor_synthetic"] == 12.5 and record["added"]["rows"] == ["anchor_synthetic"]
+    args.out.write_text(json.dumps(record))
+    bench.summary([args.out])
+    out = capsys.readouterr().out
+    assert "paired anchor_synthetic - anchor: barrier -0.2000" in out
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"names": ["other"]}, "is not a full run on other"),
+    ({"learned_only": False}, "--base needs --learned-only"),
+    ({"out": None}, "--base needs --learned-only"),
+    ({"synthetic": True, "anchor_synthetic": False}, None),
+])
+def test_base_refuses_another_groups_run_or_a_missing_out(tmp_path, capsys, change, message):
+    base = run(tmp_path, "g0", 0.0)
+    if message is None:                           # a row the base already has: refused before anything runs
+        record = json.loads(base.read_text())
+        record["rows"]["synthetic"] = record["rows"]["universe"]
+        base.write_text(json.dumps(record))
+        message = "already has the rows synthetic"
+    with pytest.raises(SystemExit) as stop:
+        bench.check_base(base_args(tmp_path, base, **change))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_base_refuses_to_write_over_itself(tmp_path, capsys):
+    base = run(tmp_path, "g0", 0.0)
+    before = base.read_text()
+    with pytest.raises(SystemExit):
+        bench.check_base(base_args(tmp_path, base, out=base))
+    assert base.read_text() == before and capsys.readouterr().err.startswith("error: --base needs")
