@@ -10,12 +10,13 @@ from symfusion.arch import layout_of
 from symfusion.errors import SymfusionError
 from symfusion.matching import MatchConfig, MatchData, match_models
 from symfusion.matching.compose import StageClock
-from symfusion.matching.descent import block_pass
+from symfusion.matching.descent import block_pass, descend, discrete_parts
 from symfusion.matching.pairs import StatePair
-from symfusion.matching.residual import gauge_gains
+from symfusion.matching.residual import gauge_gains, residual_group
+from symfusion.matching.starts import first_map, untouched_cross
 from symfusion.measures import distance
 from symfusion.matching.whole import folded_distance
-from symfusion.stream import constant_coordinates, fold_norms, stream_layout
+from symfusion.stream import constant_coordinates, fold_norms, foldable, stream_layout
 from symfusion.symmetry import Transform, apply_blocks, apply_transform, random_residual, random_transform
 from test_residual_symmetry import MODEL_IDS, MODELS, build, relative_change
 
@@ -266,3 +267,28 @@ def test_a_block_solve_keeps_the_closer_attention_and_the_optimal_ffn_permutatio
         assert torch.equal(chosen[i].ffn_perm, solved[i].ffn_perm)
         distances = [attention_distance(i, t) for t in (solved[i], earlier[i])]
         assert attention_distance(i, chosen[i]) == pytest.approx(min(distances), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,family,overrides,skips", [
+    ("dec", "llama", {"num_key_value_heads": 2, "tie_word_embeddings": True}, True),    # signed permutations
+    ("dec", "gpt2", {}, True),                                                           # permutations
+    ("enc", "vit", {}, False)], ids=["llama-gqa-tied", "gpt2", "vit"])
+def test_a_loop_that_leaves_r_in_place_ends_the_descent_without_repeating_its_block_solve(kind, family, overrides,
+                                                                                         skips):
+    """An inner loop converged in no step leaves R where the last block solve was made: the descent stops there,
+    and the skipped solve, run at that R against the loop's transforms, finds the very discrete parts it holds."""
+    anchor, source = (build(kind, family, overrides, seed=s).state_dict() for s in (1, 2))
+    layout = layout_of(build(kind, family, overrides).config, anchor)
+    stream, kind = foldable(stream_layout(layout, source), FULL.residual, [layout.canonical(s) for s in (source, anchor)])
+    pair = StatePair(fold_norms(layout.canonical(source), stream.folds), fold_norms(layout.canonical(anchor), stream.folds),
+                     layout, stream)
+    group, config = residual_group(stream, kind, layout.family), FULL
+    r0, in_group = first_map(*untouched_cross(pair), group)
+    r, blocks, _, info = descend(pair, group, r0, in_group, config, StageClock())
+    assert info["converged"]
+    repeated = block_pass(pair, r, config.blocks(), blocks, StageClock())
+    assert discrete_parts(repeated) == discrete_parts(blocks)
+    assert (info["inner"][-1]["steps"] == 0) == skips
+    assert info["block_solves"] == len(info["inner"]) + (0 if skips else 1)
+    again = descend(pair, group, r0, in_group, config, StageClock())       # one result
+    assert torch.equal(again[0], r) and discrete_parts(again[1]) == discrete_parts(blocks)

@@ -15,7 +15,9 @@ then changes nothing, the next inner loop goes on from its R. D never rises; the
 MAX_OUTER block solves (converged: false).
 A block solve reuses a layer's FFN permutation (and, for multi-head attention, its head permutation) without
 forming its cross products when R has moved too little to change it: the previous solve's row-argmax margin
-exceeds twice the largest change |dR|_2 can cause (Margin) - an exact shortcut.
+exceeds twice the largest change |dR|_2 can cause (Margin) - an exact shortcut. And an inner loop that converges
+without a step leaves R where the last block solve found the discrete parts, so that solve, repeated at the same R,
+would return them again: the descent stops there, converged, without repeating it (another exact shortcut).
 """
 from __future__ import annotations
 
@@ -194,6 +196,9 @@ def descend(pair, group: str, r0: torch.Tensor, in_group: bool, config: MatchCon
         history.append(dist)
         inner.append(info)
         if outer == MAX_OUTER - 1:
+            break
+        if info["converged"] and info["steps"] == 0:     # R unmoved: the block solve at R is the one that gave these
+            converged = True
             break
         with clock("blocks"):
             found = block_pass(pair, r, config, blocks, clock, memos)
