@@ -1,6 +1,6 @@
 """Where one job's CPU time goes: compute kernels against the framework around them, from py-spy's native samples.
 
-    python benchmarks/bench_overhead.py --py-spy PATH -- symfusion-train task=fashion_mnist model=vit_mini \
+    python benchmarks/bench_overhead.py --py-spy PATH symfusion-train task=fashion_mnist model=vit_mini \
         profile=mini seed=0 output=DIR threads=1
     python benchmarks/bench_overhead.py --samples RAW.txt [RAW2.txt ...]     # classify samples recorded before
 
@@ -81,11 +81,12 @@ def main() -> None:
     parser.add_argument("--py-spy", type=Path, help="the py-spy executable (records the command after --)")
     parser.add_argument("--rate", type=int, default=50, help="samples per second")
     parser.add_argument("--samples", type=Path, nargs="+", help="raw files recorded before (py-spy --format raw)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to record")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to record (after the options; a "
+                        "leading -- is dropped)")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if bool(args.samples) == bool(command) or (command and args.py_spy is None):
-        print("error: give --samples RAW.txt ..., or --py-spy PATH -- COMMAND", file=sys.stderr)
+        print("error: give --samples RAW.txt ..., or --py-spy PATH COMMAND ...", file=sys.stderr)
         raise SystemExit(2)
     sources = [(str(p), p.read_text().splitlines()) for p in args.samples or []]
     if command:
