@@ -34,8 +34,9 @@ decoders, the rows of each model untied first (io/untie.py: lm_head a copy of th
 the residual map may be any orthogonal map: anchor_untie (pairwise full_symmetry_untie), universe_untie (align_many on
 the untied copies, full_symmetry) and with --learned learned_untie (full_symmetry_learned on them).
     python benchmarks/bench_kway.py --task lm_english_plateau --models /work/plateau-models/llama_mini --untie
-With --summary G1.json G2.json ... (each a --out of a full run on one group of k models): each group's row per way
-and the mean over groups with its 95% t interval (the issue's targets: the learned barrier <= 5% of naive
+With --summary G1.json G2.json ... (each a --out of a full run on one group of k models, and of its --learned-only runs,
+whose rows join the full run of the same --names): each group's row per way and the mean over groups with its 95% t
+interval (the issue's targets: the learned barrier <= 5% of naive
 averaging's, the data-free one <= 30% and below anchor matching's, the centroid >= the pairwise full_symmetry mean).
 --learned-only --base G.json (a full run's --out for the same models): its --out is G's content with the new rows
 added, so that --summary tabulates them beside G's (a row of G of the same name is refused, never replaced).
@@ -168,8 +169,8 @@ def learned_only(args, models, states, task, work) -> None:
         print(f"| {name} | {score(row['centroid'])} | {row['centroid']['loss']:.4f} | "
               f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
     if args.out:
-        record = {"cpu": cpu_model() or 'unknown CPU', "rows": rows, "steps": args.learned_steps,
-                  "batches": args.data_batches}
+        record = {"cpu": cpu_model() or 'unknown CPU', "names": args.names, "rows": rows,
+                  "cpu_all_in": cpu_of, "steps": args.learned_steps, "batches": args.data_batches}
         if args.base is not None:
             record = with_base(args, rows, cpu_of)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -214,10 +215,39 @@ def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{spread['mean']:.{digits}f} [{spread['low']:.{digits}f}, {spread['high']:.{digits}f}]"
 
 
+def grouped(records: list[dict]) -> list[dict]:
+    """The runs of one group of models (the same `names`) as one record: a full run's, with the rows of its other runs
+    (--learned-only ones, with or without --base) added; a way measured twice for one group, with two results, is
+    refused."""
+    def all_in(record: dict) -> dict:          # a --learned-only row carries its all-in CPU seconds itself
+        rows = {k: r["cpu_seconds"] for k, r in record["rows"].items() if r.get("cpu_seconds") is not None}
+        return {**rows, **(record.get("cpu_all_in") or {})}
+
+    groups: dict[tuple, dict] = {}
+    for record in records:
+        key = tuple(record.get("names") or ())
+        if key not in groups:
+            groups[key] = {**record, "rows": dict(record["rows"]), "cpu_all_in": all_in(record)}
+            continue
+        group = groups[key]
+        clash = sorted(k for k in set(group["rows"]) & set(record["rows"]) if group["rows"][k] != record["rows"][k])
+        if clash:                                # a row copied by --base is the same measurement: not a clash
+            refuse(f"--summary: {' '.join(key)} has the rows {', '.join(clash)} in two runs that differ")
+        group["rows"].update(record["rows"])
+        group["cpu_all_in"].update(all_in(record))
+        if "best" not in group and "best" in record:
+            groups[key] = {**record, "rows": group["rows"], "cpu_all_in": group["cpu_all_in"]}
+    missing = [" ".join(k) or "a run without names" for k, g in groups.items() if "best" not in g]
+    if missing:
+        refuse(f"--summary: {', '.join(missing)}: no full run (only --learned-only rows)")
+    return list(groups.values())
+
+
 def summary(paths: list[Path]) -> None:
     """--summary: per group and over groups (mean [95% t interval]) from the JSONs of full runs (all ViT runs, or
-    all decoder runs: perplexity where the ViTs have accuracy; the paired differences in loss then)."""
-    runs = [json.loads(p.read_text()) for p in paths]
+    all decoder runs: perplexity where the ViTs have accuracy; the paired differences in loss then); a group's
+    --learned-only runs (the same --names) add their rows to its full run's."""
+    runs = grouped([json.loads(p.read_text()) for p in paths])
     kinds = {"accuracy" in r["best"] for r in runs}
     if len(kinds) > 1:
         print("error: --summary tabulates runs of one kind: ViT runs (accuracy) or decoder runs (--task), not both",
@@ -225,7 +255,7 @@ def summary(paths: list[Path]) -> None:
         raise SystemExit(2)
     vit = kinds == {True}
     metric, scale = ("accuracy", 100) if vit else ("perplexity", 1)
-    labels = [" ".join(r.get("names") or [p.stem]) for r, p in zip(runs, paths)]
+    labels = [" ".join(r.get("names") or [f"group {i + 1}"]) for i, r in enumerate(runs)]
     ways = [w for w in runs[0]["rows"] if all(w in r["rows"] for r in runs)]
     print(f"{len(runs)} groups ({'; '.join(labels)}), {', '.join(sorted({r['cpu'] for r in runs}))}\n")
     print(f"| way | group | centroid {'accuracy %' if vit else 'perplexity'} | centroid loss | simplex barrier | "

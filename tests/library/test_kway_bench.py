@@ -96,3 +96,37 @@ def test_base_refuses_to_write_over_itself(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.check_base(base_args(tmp_path, base, out=base))
     assert base.read_text() == before and capsys.readouterr().err.startswith("error: --base needs")
+
+
+def test_a_groups_learned_only_runs_join_its_full_run_in_the_summary(tmp_path, capsys):
+    # the summary puts together the runs of one group (the same names), whichever comes first
+    full = [run(tmp_path, f"g{i}", shift) for i, shift in enumerate((0.0, 0.1, 0.2))]
+    extras = []
+    for i in range(3):
+        extras.append(tmp_path / f"g{i}_learned.json")
+        extras[-1].write_text(json.dumps({"cpu": "test CPU", "names": [f"g{i}"], "steps": 200, "batches": 200,
+                                          "rows": {"learned": {"centroid": {"loss": 0.6, "accuracy": 0.85},
+                                                               "barrier": 0.1, "cpu_seconds": 7.0}}}))
+    paths = [extras[0], *full, *extras[1:]]          # the first group's extra run before its full run
+    bench.summary(paths)
+    out = capsys.readouterr().out
+    assert out.startswith("3 groups (g0; g1; g2)")
+    assert "paired learned - universe: barrier" in out and "learned: 7.0 [7.0, 7.0] CPU s all-in" in out
+
+
+def test_a_way_measured_twice_for_a_group_or_a_group_without_a_full_run_is_refused(tmp_path, capsys):
+    full = run(tmp_path, "g0", 0.0)
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"names": ["g0"], "rows": {"anchor": {"centroid": {"loss": 1.0}, "barrier": 0.5}}}))
+    lone = tmp_path / "lone.json"
+    lone.write_text(json.dumps({"names": ["g9"], "rows": {"learned": {"centroid": {"loss": 1.0}, "barrier": 0.5}}}))
+    copied = tmp_path / "copied.json"                 # a --base copy of the same row is the same measurement
+    copied.write_text(json.dumps({"names": ["g0"], "rows": {"anchor": json.loads(full.read_text())["rows"]["anchor"]}}))
+    bench.summary([full, copied])
+    assert "1 groups (g0)" in capsys.readouterr().out
+    for paths, message in (([full, twice], "g0 has the rows anchor in two runs that differ"),
+                           ([full, lone], "g9: no full run")):
+        with pytest.raises(SystemExit) as stop:
+            bench.summary(paths)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith("error: --summary") and message in err
