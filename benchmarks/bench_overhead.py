@@ -17,8 +17,9 @@ DIR/bin/py-spy) records the command at --rate samples per second with native fra
     other               everything else (imports, zlib, libm, the loader)
 The table gives each class's share of the samples and the compute share (GEMM + ATen + JIT + OpenMP): with the
 same kernels in the same order (the same results to the bit) a job cannot cost less than its compute share, so
-this is the floor of a cut that keeps the results. Sampling misses bursts shorter than 1/rate; py-spy's own errors
-(a sample it could not read) are left out and reported.
+this is the floor of a cut that keeps the results. Record a job run with one thread (threads=1): with several, py-spy
+samples every thread and OpenMP's waiting counts as compute. Sampling misses bursts shorter than 1/rate; py-spy's own
+errors (a sample it could not read) are left out and reported.
 """
 from __future__ import annotations
 
