@@ -99,6 +99,16 @@ def pair_check(models, states, pair_state, pair_distance, task, args) -> dict:
                          "objective": two_report["objective"], "seconds": two_report["cpu_seconds"]}}
 
 
+def onto_first(models, first: dict, matching, **options) -> tuple[float, tuple[list, None]]:
+    """Anchor matching: each model after the first onto it by pairwise align() (`first`: the first's state as the
+    way holds it); (the all-in CPU seconds, (the states, no report))."""
+    cpu, moved = time.process_time(), [first]
+    for model in models[1:]:
+        matched, _ = symfusion.align(model, models[0], matching=matching, **options)
+        moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
+    return time.process_time() - cpu, (moved, None)
+
+
 def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     """The learned rows into `ways` (states, report) and their all-in CPU seconds into `cpu_of`: anchor_learned
     (pairwise full_symmetry_learned of each model onto model 0) unless --no-anchor-learned, and learned (align_many
@@ -112,22 +122,14 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
         print(f"synthetic: {cpu_of['synthetic']:.1f} CPU s (data-free start {report['cpu_seconds']:.1f}); refine: "
               f"{json.dumps(report['refine'])}", flush=True)
     if args.anchor_synthetic:
-        cpu, moved = time.process_time(), [states[0]]
-        for model in models[1:]:
-            matched, _ = symfusion.align(model, models[0], matching="full_symmetry_synthetic")
-            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
-        cpu_of["anchor_synthetic"], ways["anchor_synthetic"] = time.process_time() - cpu, (moved, None)
+        cpu_of["anchor_synthetic"], ways["anchor_synthetic"] = onto_first(models, states[0], "full_symmetry_synthetic")
         print(f"anchor_synthetic: {cpu_of['anchor_synthetic']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
     if not (args.learned or args.learned_only) or (args.no_anchor_learned and args.no_kway_learned):
         return
     data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
     learned = dataclasses.replace(matching_config("full_symmetry_learned"), refine_steps=args.learned_steps)
     if not args.no_anchor_learned:
-        cpu, moved = time.process_time(), [states[0]]
-        for model in models[1:]:
-            matched, _ = symfusion.align(model, models[0], matching=learned, data=data)
-            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
-        cpu_of["anchor_learned"], ways["anchor_learned"] = time.process_time() - cpu, (moved, None)
+        cpu_of["anchor_learned"], ways["anchor_learned"] = onto_first(models, states[0], learned, data=data)
         print(f"anchor_learned: {cpu_of['anchor_learned']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
     if args.no_kway_learned:
         return
@@ -172,7 +174,7 @@ def learned_only(args, models, states, task, work) -> None:
         record = {"cpu": cpu_model() or 'unknown CPU', "names": args.names, "rows": rows,
                   "cpu_all_in": cpu_of, "steps": args.learned_steps, "batches": args.data_batches}
         if args.base is not None:
-            record = with_base(args, rows, cpu_of)
+            record = with_base(args.base, record)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1))
 
@@ -200,11 +202,11 @@ def check_base(args) -> None:
         refuse(f"--base {args.base} already has the rows {', '.join(clash)}")
 
 
-def with_base(args, rows: dict, cpu_of: dict) -> dict:
-    """--base G.json: G's record (a full run on the same models) with these rows and their CPU seconds added."""
-    base = json.loads(args.base.read_text())
-    return {**base, "rows": {**base["rows"], **rows}, "cpu_all_in": {**base.get("cpu_all_in", {}), **cpu_of},
-            "added": {"cpu": cpu_model() or "unknown CPU", "rows": sorted(rows)}}
+def with_base(base: Path, record: dict) -> dict:
+    """--base G.json: G's record (a full run on the same models) with this --learned-only record's rows and CPU
+    seconds added, as --summary puts a group's runs together (grouped)."""
+    merged = grouped([json.loads(base.read_text()), record])[0]
+    return {**merged, "added": {"cpu": record["cpu"], "rows": sorted(record["rows"])}}
 
 
 def interval(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -250,9 +252,7 @@ def summary(paths: list[Path]) -> None:
     runs = grouped([json.loads(p.read_text()) for p in paths])
     kinds = {"accuracy" in r["best"] for r in runs}
     if len(kinds) > 1:
-        print("error: --summary tabulates runs of one kind: ViT runs (accuracy) or decoder runs (--task), not both",
-              file=sys.stderr)
-        raise SystemExit(2)
+        refuse("--summary tabulates runs of one kind: ViT runs (accuracy) or decoder runs (--task), not both")
     vit = kinds == {True}
     metric, scale = ("accuracy", 100) if vit else ("perplexity", 1)
     labels = [" ".join(r.get("names") or [f"group {i + 1}"]) for i, r in enumerate(runs)]
@@ -364,11 +364,8 @@ def main() -> None:
         cpu_of[name] = time.process_time() - cpu                  # with align_many's functional checks
         ways[name] = ([m.state_dict() for m in aligned], report)
     if args.untie:
-        cpu, moved = time.process_time(), [untied(models[0]).state_dict()]
-        for model in models[1:]:
-            matched, _ = symfusion.align(model, models[0], matching="full_symmetry_untie")
-            moved.append({k: v.detach().clone() for k, v in matched.state_dict().items()})
-        cpu_of["anchor_untie"], ways["anchor_untie"] = time.process_time() - cpu, (moved, None)
+        cpu_of["anchor_untie"], ways["anchor_untie"] = onto_first(models, untied(models[0]).state_dict(),
+                                                                  "full_symmetry_untie")
         cpu = time.process_time()
         aligned, report = symfusion.align_many([untied(m) for m in models], matching="full_symmetry",
                                                max_rounds=args.max_rounds)

@@ -49,7 +49,7 @@ from symfusion.io.untie import is_tied, untie_all
 from symfusion.alignment.rewrite import as_stored, plan_like, write_like
 from symfusion.matching import MatchConfig, matching_config
 from symfusion.matching.universe import MAX_ROUNDS, STARTS, align_states, floating_keys
-from symfusion.matching.synthetic import SyntheticBatches, check_inputs
+from symfusion.matching.synthetic import SyntheticBatches, check_inputs, inputs_of
 from symfusion.matching.universe_learned import refine_universe
 from symfusion.measures import tied_names
 from symfusion.symmetry import apply_transform
@@ -123,8 +123,7 @@ def _align_modules(models: list, config: MatchConfig, name, tolerance: float, ma
                 SyntheticBatches(models[0], states, config.refine_settings(layout).steps)   # the k end models write
             transforms, refine = refine_universe(states, layout, config, transforms, copy.deepcopy(models[0]),
                                                  batches, tied=is_tied(models[0]))
-            refine = {**refine, "inputs": "data" if config.refine == "loss" else
-                      f"synthetic {batches.kind} (matching/synthetic.py)"}
+            refine = {**refine, "inputs": inputs_of(batches)}
             aligned_states = [apply_transform(s, layout, t) for s, t in zip(states, transforms)]
         aligned, checks = [], []
         for model, state, transform in zip(models, aligned_states, transforms):

@@ -60,7 +60,8 @@ def test_base_adds_rows_that_the_summary_then_pairs(tmp_path, capsys):
     args = base_args(tmp_path, base)
     bench.check_base(args)
     added = {"anchor_synthetic": {"centroid": {"loss": 0.8, "accuracy": 0.8}, "barrier": 0.3}}
-    record = bench.with_base(args, added, {"anchor_synthetic": 12.5})
+    record = bench.with_base(base, {"cpu": "test CPU", "names": ["g0"], "rows": added,
+                                    "cpu_all_in": {"anchor_synthetic": 12.5}})
     assert set(record["rows"]) == {"naive", "anchor", "universe", "universe_anchor", "anchor_synthetic"}
     assert record["rows"]["anchor"] == json.loads(base.read_text())["rows"]["anchor"]
     assert record["cpu_all_in"]["anchor_synthetic"] == 12.5 and record["added"]["rows"] == ["anchor_synthetic"]

@@ -121,3 +121,8 @@ class SyntheticBatches(Sequence):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         pixels = smooth_noise(self.shape, generator)
         return {"pixel_values": pixels, "labels": torch.randint(0, self.labels, self.shape[:1], generator=generator)}
+
+
+def inputs_of(batches) -> str:
+    """What a refinement ran on, as its report's `inputs` says: data, or these synthetic batches' kind."""
+    return f"synthetic {batches.kind} (matching/synthetic.py)" if isinstance(batches, SyntheticBatches) else "data"

@@ -35,7 +35,7 @@ from symfusion.matching.continuous import MAX_INNER, TOL
 from symfusion.matching.descent import MAX_OUTER, descend
 from symfusion.matching.pairs import StatePair, distance_of, paper_lower_bound, parts
 from symfusion.matching.learned import refine_by_loss
-from symfusion.matching.synthetic import SyntheticBatches, check_inputs
+from symfusion.matching.synthetic import SyntheticBatches, check_inputs, inputs_of
 from symfusion.matching.residual import gauge_gains, residual_group
 from symfusion.matching.starts import SOFT, activation_start, first_map, untouched_cross
 from symfusion.measures import distance
@@ -156,8 +156,7 @@ def match_whole(source: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.T
         with clock("refine"):
             r, blocks, gains, info["refine"] = refine_by_loss(fs, fa, anchor, layout, stream, r, blocks, data.model,
                                                               batches, settings)
-        info["refine"]["inputs"] = "data" if config.refine == "loss" else \
-            f"synthetic {batches.kind} (matching/synthetic.py)"
+        info["refine"]["inputs"] = inputs_of(batches)
         info["folded_distance_refined"] = folded_distance(apply_blocks(rotate_stream(fs, stream, r), layout,
                                                                        blocks.layers), fa)
         transform = unfolded(fs, anchor, layout, stream, r, blocks) if gains is None else \
