@@ -10,9 +10,10 @@ centroid), of loss(sum_i w_i X_i) - sum_i w_i loss(X_i), on --examples test imag
                  FFN neurons and a (signed) permutation of the residual stream, the same alternation (MergeMany-like)
     universe     the universe over the whole group, data-free (align_many, matching="full_symmetry")
   with --learned (the training split's statistic batches, as symfusion-match reads them for full_symmetry_learned):
-    anchor_learned  each model onto model 0 by pairwise full_symmetry_learned (align() with data)
+    anchor_learned  each model onto model 0 by pairwise full_symmetry_learned (align() with data; its 200 steps)
     learned      the universe, then the learned k-way refinement of all k maps on the loss of mixtures over the
-                 simplex (align_many, matching="full_symmetry_learned", data=...; matching/universe_learned.py)
+                 simplex (align_many, matching="full_symmetry_learned_many", data=...: its 400 steps;
+                 matching/universe_learned.py); --learned-steps N: both rows N steps
   with --synthetic (no data read):
     synthetic    the universe, then the k-way refinement distilled on inputs it makes (align_many, matching=
                  "full_symmetry_synthetic" as its preset says: 600 steps on smooth-noise images or text the k models
@@ -68,6 +69,7 @@ from symfusion.symmetry import apply_transform
 
 # the permutation-only universe (MergeMany-like): heads, FFN neurons and a (signed) permutation of the residual stream
 PERMUTATIONS = "full_permutation"
+KWAY_LEARNED = "full_symmetry_learned_many"   # the learned k-way row's preset (the pipeline entry's, table_kway)
 
 
 def evaluate(model, state, task, examples=None) -> dict:
@@ -109,11 +111,23 @@ def onto_first(models, first: dict, matching, **options) -> tuple[float, tuple[l
     return time.process_time() - cpu, (moved, None)
 
 
+def steps_of(name: str, steps: int | None):
+    """The matching preset `name`, with refine_steps=`steps` where given."""
+    config = matching_config(name)
+    return config if steps is None else dataclasses.replace(config, refine_steps=steps)
+
+
+def learned_steps(args) -> dict:
+    """The learned rows' refine_steps, by row."""
+    return {"anchor_learned": steps_of("full_symmetry_learned", args.learned_steps).refine_steps,
+            "learned": steps_of(KWAY_LEARNED, args.learned_steps).refine_steps}
+
+
 def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     """The learned rows into `ways` (states, report) and their all-in CPU seconds into `cpu_of`: anchor_learned
     (pairwise full_symmetry_learned of each model onto model 0) unless --no-anchor-learned, and learned (align_many
-    with full_symmetry_learned: the universe, then the k-way refinement), both refine_steps=--learned-steps on
-    --data-batches training batches; with --synthetic also synthetic (align_many with full_symmetry_synthetic as
+    with full_symmetry_learned_many: the universe, then the k-way refinement), each its preset's refine_steps (or
+    --learned-steps) on --data-batches training batches; with --synthetic also synthetic (align_many with full_symmetry_synthetic as
     its preset says: the universe, then the k-way refinement distilled on inputs it makes; no data read)."""
     if args.synthetic:
         cpu = time.process_time()
@@ -127,16 +141,16 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     if not (args.learned or args.learned_only) or (args.no_anchor_learned and args.no_kway_learned):
         return
     data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
-    learned = dataclasses.replace(matching_config("full_symmetry_learned"), refine_steps=args.learned_steps)
+    pairwise, learned = (steps_of(name, args.learned_steps) for name in ("full_symmetry_learned", KWAY_LEARNED))
     if not args.no_anchor_learned:
-        cpu_of["anchor_learned"], ways["anchor_learned"] = onto_first(models, states[0], learned, data=data)
+        cpu_of["anchor_learned"], ways["anchor_learned"] = onto_first(models, states[0], pairwise, data=data)
         print(f"anchor_learned: {cpu_of['anchor_learned']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
     if args.no_kway_learned:
         return
     cpu = time.process_time()
     aligned, report = symfusion.align_many(models, matching=learned, max_rounds=args.max_rounds, data=data)
     cpu_of["learned"], ways["learned"] = time.process_time() - cpu, ([m.state_dict() for m in aligned], report)
-    print(f"learned ({args.learned_steps} steps, {len(data)} batches): {cpu_of['learned']:.1f} CPU s (data-free start "
+    print(f"learned ({learned.refine_steps} steps, {len(data)} batches): {cpu_of['learned']:.1f} CPU s (data-free start "
           f"{report['cpu_seconds']:.1f}); refine: {json.dumps(report['refine'])}", flush=True)
     if args.untie:
         cpu = time.process_time()
@@ -163,8 +177,9 @@ def learned_only(args, models, states, task, work) -> None:
                       "checks": None if report is None else [c["relative_output_change_float64"]
                                                              for c in report["checks"]]}
         print(name, json.dumps(rows[name]), flush=True)
-    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_model() or 'unknown CPU'}, 1 thread; {args.learned_steps} refine steps "
-          f"on {args.data_batches} training batches; the barrier over {len(grid)} simplex points on {args.on}\n")
+    print(f"\nk = {k} {args.kind} ({', '.join(args.names)}), {cpu_model() or 'unknown CPU'}, 1 thread; refine steps "
+          f"{json.dumps(learned_steps(args))} on {args.data_batches} training batches; the barrier over {len(grid)} "
+          f"simplex points on {args.on}\n")
     print(f"| models into one basis | centroid {args.metric} | centroid loss | simplex barrier | CPU s (all-in) |")
     print("|---|---|---|---|---|")
     for name, row in rows.items():
@@ -172,7 +187,7 @@ def learned_only(args, models, states, task, work) -> None:
               f"{row['barrier']:.4f} | {row['cpu_seconds']:.1f} |")
     if args.out:
         record = {"cpu": cpu_model() or 'unknown CPU', "names": args.names, "rows": rows,
-                  "cpu_all_in": cpu_of, "steps": args.learned_steps, "batches": args.data_batches}
+                  "cpu_all_in": cpu_of, "steps": learned_steps(args), "batches": args.data_batches}
         if args.base is not None:
             record = with_base(args.base, record)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +329,8 @@ def main() -> None:
     parser.add_argument("--skip-k2", action="store_true", help="leave out the k = 2 comparison with the pairwise solve")
     parser.add_argument("--timing-only", action="store_true", help="only the solves' seconds (wall and CPU), no evaluation")
     parser.add_argument("--learned", action="store_true", help="also the learned rows (anchor_learned, learned)")
-    parser.add_argument("--learned-steps", type=int, default=200, help="refine_steps of the learned rows")
+    parser.add_argument("--learned-steps", type=int, default=None, help="refine_steps of the learned rows (default: "
+                        "each preset's: anchor_learned full_symmetry_learned's, learned full_symmetry_learned_many's)")
     parser.add_argument("--data-batches", type=int, default=200, help="training batches the learned rows read")
     parser.add_argument("--synthetic", action="store_true", help="also the synthetic row (align_many with "
                         "full_symmetry_synthetic: the k-way refinement distilled on inputs it makes, no data)")
@@ -444,7 +460,7 @@ def main() -> None:
         args.out.write_text(json.dumps({"cpu": cpu_model() or 'unknown CPU', "names": args.names, "rows": rows, "best": best,
                                         "ensemble": logit, "k2": k2, "task": args.task, "pairwise_seconds": pairwise_seconds,
                                         "pairwise_cpu": pairwise_cpu, "cpu_all_in": cpu_of, "ends": ends_full,
-                                        "steps": args.learned_steps if args.learned else None}, indent=1))
+                                        "steps": learned_steps(args) if args.learned else None}, indent=1))
 
 
 if __name__ == "__main__":

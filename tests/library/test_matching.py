@@ -139,8 +139,8 @@ def test_rescale_falls_back_to_one_when_a_side_is_zero():
 def test_registry_names_match_the_issue_and_each_has_a_config():
     names = {"none", "rotation", "rotation_no_rescale", "attn_only", "attn_only_no_rescale",
              "ffn_only", "git_rebasin", "ot_ffn", "rotation_joint", "rotation_heads", "full_symmetry",
-             "full_symmetry_learned", "full_symmetry_synthetic", "full_symmetry_untie", "full_symmetry_untie_learned",
-             "full_permutation"}
+             "full_symmetry_learned", "full_symmetry_learned_many", "full_symmetry_synthetic", "full_symmetry_untie",
+             "full_symmetry_untie_learned", "full_permutation"}
     assert {p.stem for p in Path(PRESETS_DIR, "matching").glob("*.yaml")} == set(preset_names("matching")) == names
     assert all(isinstance(matching_config(name), MatchConfig) for name in names)
 

@@ -81,7 +81,7 @@ class Batches:
 # the learned refinement itself, its steps and settings: tests/library/test_learned.py. (At 40 steps the Llama pair
 # with two KV heads took 23 CPU s for full_symmetry_synthetic, 9 for full_symmetry_learned, 3.5 for full_symmetry.)
 SHORTER = {"full_symmetry_synthetic": {"refine_steps": 10}, "full_symmetry_learned": {"refine_steps": 10},
-           "full_symmetry_untie_learned": {"refine_steps": 10}}
+           "full_symmetry_learned_many": {"refine_steps": 10}, "full_symmetry_untie_learned": {"refine_steps": 10}}
 
 
 def entries(make, name, tmp_path):
@@ -184,10 +184,12 @@ def check_one_path(make, name, tmp_path, capsys):
 
 
 # full_symmetry_synthetic on the six FAST pairs only (two refused, a ViT, three decoders); its refinement on every
-# family is the learned one's (test_learned.py)
+# family is the learned one's (test_learned.py). full_symmetry_learned_many on the ViT pair only: it is
+# full_symmetry_learned with more steps (here both SHORTER's 10, the same MatchConfig), whose every family is above
+ONLY = {"full_symmetry_synthetic": FAST, "full_symmetry_learned_many": {"vit-default"}}
 CASES = [pytest.param(pair, name, id=f"{pair[0]}-{name}",
                       marks=() if pair[0] in FAST and name in FAST_MATCHINGS else pytest.mark.slow)
-         for pair in PAIRS for name in MATCHINGS if name != "full_symmetry_synthetic" or pair[0] in FAST]
+         for pair in PAIRS for name in MATCHINGS if name not in ONLY or pair[0] in ONLY[name]]
 
 
 @pytest.mark.parametrize("pair,name", CASES)
