@@ -185,7 +185,7 @@ def check_one_path(make, name, tmp_path, capsys):
 
 # full_symmetry_synthetic on the six FAST pairs only (two refused, a ViT, three decoders); its refinement on every
 # family is the learned one's (test_learned.py). full_symmetry_learned_many on the ViT pair only: it is
-# full_symmetry_learned with more steps (here both SHORTER's 10, the same MatchConfig), whose every family is above
+# full_symmetry_learned with more steps (here both SHORTER's 10: the same MatchConfig), which runs on every pair
 ONLY = {"full_symmetry_synthetic": FAST, "full_symmetry_learned_many": {"vit-default"}}
 CASES = [pytest.param(pair, name, id=f"{pair[0]}-{name}",
                       marks=() if pair[0] in FAST and name in FAST_MATCHINGS else pytest.mark.slow)
