@@ -69,7 +69,8 @@ from symfusion.symmetry import apply_transform
 
 # the permutation-only universe (MergeMany-like): heads, FFN neurons and a (signed) permutation of the residual stream
 PERMUTATIONS = "full_permutation"
-KWAY_LEARNED = "full_symmetry_learned_many"   # the learned k-way row's preset (the pipeline entry's, table_kway)
+# the learned rows' presets: pairwise onto model 0, and the k-way one (the pipeline entry's, table_kway)
+LEARNED_ROWS = {"anchor_learned": "full_symmetry_learned", "learned": "full_symmetry_learned_many"}
 
 
 def evaluate(model, state, task, examples=None) -> dict:
@@ -117,10 +118,14 @@ def steps_of(name: str, steps: int | None):
     return config if steps is None else dataclasses.replace(config, refine_steps=steps)
 
 
+def learned_configs(args) -> dict:
+    """The learned rows' MatchConfigs, by row: each its preset, refine_steps=--learned-steps where given."""
+    return {row: steps_of(name, args.learned_steps) for row, name in LEARNED_ROWS.items()}
+
+
 def learned_steps(args) -> dict:
     """The learned rows' refine_steps, by row."""
-    return {"anchor_learned": steps_of("full_symmetry_learned", args.learned_steps).refine_steps,
-            "learned": steps_of(KWAY_LEARNED, args.learned_steps).refine_steps}
+    return {row: config.refine_steps for row, config in learned_configs(args).items()}
 
 
 def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
@@ -141,7 +146,8 @@ def learned_ways(args, models, states, task, ways: dict, cpu_of: dict) -> None:
     if not (args.learned or args.learned_only) or (args.no_anchor_learned and args.no_kway_learned):
         return
     data = task.statistic_batches(args.data_batches, args.models / args.names[0], "train")
-    pairwise, learned = (steps_of(name, args.learned_steps) for name in ("full_symmetry_learned", KWAY_LEARNED))
+    configs = learned_configs(args)
+    pairwise, learned = configs["anchor_learned"], configs["learned"]
     if not args.no_anchor_learned:
         cpu_of["anchor_learned"], ways["anchor_learned"] = onto_first(models, states[0], pairwise, data=data)
         print(f"anchor_learned: {cpu_of['anchor_learned']:.1f} CPU s ({len(models) - 1} pairwise)", flush=True)
